@@ -1,0 +1,1 @@
+"""The composition root: one `gpucredit` CLI and daemon assembled from the packages."""

@@ -1,0 +1,3 @@
+from gpucredit.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""`gpucredit`: one click group whose sub-groups live with the package they drive.
+
+`gpucredit hook ...` runs inside Slurm's prolog/epilog, where start-up time matters,
+so it is dispatched before click (or anything heavier) is imported.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["hook"]:
+        from slurm_hooks.hooks import main as hook_main
+
+        raise SystemExit(hook_main(args[1:]))
+    cli(args=args, prog_name="gpucredit")
+
+
+def _build() -> object:
+    import click
+
+    from ledger.cli import COMMANDS
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    def root() -> None:
+        """Prepaid GPU credits for Slurm clusters."""
+
+    for command in COMMANDS:
+        root.add_command(command)
+    for loader in (_slurm_commands, _bridge_commands, _portal_commands):
+        for command in loader():
+            root.add_command(command)
+    return root
+
+
+def _slurm_commands() -> list[object]:
+    try:
+        from slurm_hooks.slurm_cli import slurm
+    except ImportError:
+        return []
+    return [slurm]
+
+
+def _bridge_commands() -> list[object]:
+    return []
+
+
+def _portal_commands() -> list[object]:
+    return []
+
+
+def cli(args: list[str], prog_name: str) -> None:
+    root = _build()
+    root(args=args, prog_name=prog_name)  # type: ignore[operator]

@@ -1,0 +1,135 @@
+"""The ledger's public operations: one place to read what the ledger can do.
+
+Every function takes a `Session` and never commits; the caller owns the transaction
+(`with Session() as s, s.begin(): ...`). Amounts are decimal strings in, decimal
+strings out; times are aware UTC datetimes. Each mutating operation locks exactly
+one customer account row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ledger import grants as _grants
+from ledger import holds as _holds
+from ledger.accounts import (
+    account_names,
+    add_member,
+    create_account,
+    ensure_account,
+    lock_account,
+    set_limits,
+    show_limits,
+)
+from ledger.balance import account_summary, balance
+from ledger.errors import InvalidInput, NotFound
+from ledger.grants import DEFAULT_PRIORITY
+from ledger.holds import (
+    HoldState,
+    adjust_hold,
+    create_hold,
+    find_hold,
+    get_hold,
+    hold_usage,
+    list_holds,
+    release_hold,
+    settle_hold,
+)
+from ledger.journal import REVENUE, Leg, entries_t, post, verify
+from ledger.money import format_credits, parse_credits
+from ledger.prices import list_prices, set_price
+from ledger.quotes import quote
+from ledger.reports import usage_report
+from ledger.timeutil import format_time, utcnow
+
+__all__ = [
+    "HoldState", "account_names", "account_summary", "add_member", "adjust", "adjust_hold",
+    "balance", "consume", "create_account", "entries_t", "create_hold", "ensure_account", "find_hold",
+    "get_hold", "grant", "hold_usage", "list_holds", "list_prices", "quote", "release_hold",
+    "set_limits", "set_price", "settle_hold", "show_limits", "sweep", "topup", "usage_report",
+    "verify",
+]
+
+
+def topup(s: Session, account: str, amount: str, *, effective_at: datetime | None = None,
+          expires_at: datetime | None = None, reference: str | None = None,
+          idempotency_key: str | None = None, at: datetime | None = None) -> dict[str, Any]:
+    """Paid credit; visible at once; pays recorded debt first."""
+    acct = lock_account(s, account)
+    return _grants.create_grant(s, acct, amount, source="topup", effective_at=effective_at or at,
+                                expires_at=expires_at, reference=reference,
+                                idempotency_key=idempotency_key)
+
+
+def grant(s: Session, account: str, amount: str, *, effective_at: datetime | None = None,
+          expires_at: datetime | None = None, priority: int = DEFAULT_PRIORITY,
+          reference: str | None = None, idempotency_key: str | None = None,
+          at: datetime | None = None) -> dict[str, Any]:
+    """Promotional or allocated credit, optionally time-windowed."""
+    acct = lock_account(s, account)
+    return _grants.create_grant(s, acct, amount, source="grant", effective_at=effective_at or at,
+                                expires_at=expires_at, priority=priority, reference=reference,
+                                idempotency_key=idempotency_key)
+
+
+def consume(s: Session, account: str, amount: str, *, at: datetime | None = None,
+            user: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+    acct = lock_account(s, account)
+    return _grants.consume(s, acct, amount, at=at, user=user, idempotency_key=idempotency_key)
+
+
+def adjust(s: Session, account: str, amount: str, *, links_entry_id: int, reason: str = "",
+           at: datetime | None = None) -> dict[str, Any]:
+    """Post a signed correction linked to an earlier charge.
+
+    A correction of a job run's charge goes through its hold (so refunds return to the
+    grants the run drew from); any other correction charges free credit (else debt) or
+    refunds as a new grant.
+    """
+    delta = parse_credits(amount, field="amount", allow_negative=True)
+    linked = s.execute(select(entries_t.c.id, entries_t.c.account_id, entries_t.c.hold_id)
+                       .where(entries_t.c.id == links_entry_id)).first()
+    acct = lock_account(s, account)
+    if linked is None or linked.account_id != acct.id:
+        raise NotFound(f"entry {links_entry_id} of account {account} does not exist",
+                       details={"entry_id": links_entry_id, "account": account})
+    at = at or utcnow()
+    if linked.hold_id is not None:
+        hold = get_hold(s, linked.hold_id)
+        target = hold.charged_ucredits + delta
+        if target < 0:
+            raise InvalidInput(f"a refund of {format_credits(-delta)} exceeds the "
+                               f"{format_credits(hold.charged_ucredits)} this run was charged",
+                               code="invalid_amount")
+        hold = adjust_hold(s, hold.id, target, at=at, reason=reason, links_entry_id=links_entry_id)
+        return {"account": account, "adjustment": format_credits(delta), "hold": hold.as_dict(),
+                "links_entry_id": links_entry_id}
+    if delta > 0:
+        grants = _grants.load_grants(s, acct.id)
+        legs: list[Leg] = []
+        short = _grants.take_free(grants, acct, delta, at, None, legs)
+        if short:
+            legs.append(Leg(acct.id, -short, "debt"))
+        legs.append(Leg(REVENUE, delta))
+        entry = post(s, acct, "adjust", at, legs, links_entry_id=links_entry_id,
+                     memo={"reason": reason} if reason else None)
+        _grants.save_grants(s, grants)
+        return {"account": account, "adjustment": format_credits(delta), "entry_id": entry.id,
+                "links_entry_id": links_entry_id}
+    result = _grants.create_grant(s, acct, -delta, source="refund", effective_at=at)
+    return {"account": account, "adjustment": format_credits(delta), "entry_id": result["entry_id"],
+            "links_entry_id": links_entry_id, "grant": result["grant"]}
+
+
+def sweep(s: Session, account: str, at: datetime | None = None) -> dict[str, Any]:
+    """Expire holds past time limit + grace and post expired grant credit, for one account."""
+    at = at or utcnow()
+    expired_holds = _holds.expire_holds(s, account, at)
+    acct = lock_account(s, account)
+    expired = _grants.expire_grants(s, acct, at)
+    return {"account": account, "at": format_time(at), "expired_holds": expired_holds,
+            "expired_credits": format_credits(expired)}

@@ -1,0 +1,80 @@
+"""Balances: "now" from the maintained remainders, any other time from the journal."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ledger.errors import NotFound
+from ledger.grants import grants_t, load_grants
+from ledger.holds import holds_t
+from ledger.journal import accounts_t, entries_t, postings_t
+from ledger.money import format_credits
+from ledger.timeutil import format_time, utcnow
+
+
+def _account_row(s: Session, name: str) -> Any:
+    row = s.execute(select(accounts_t).where(accounts_t.c.name == name,
+                                             accounts_t.c.kind == "customer")).first()
+    if row is None:
+        raise NotFound(f"account {name!r} does not exist", details={"account": name})
+    return row
+
+
+def balance(s: Session, account: str, at: datetime | None = None) -> dict[str, Any]:
+    """What is spendable at `at` (default now), what is held, and each grant active then.
+
+    At any time but "now" the figures come from journal postings effective at or
+    before `at`, so adding operations effective later never changes them.
+    """
+    row = _account_row(s, account)
+    if at is None:
+        return _balance_now(s, row, utcnow())
+    return _balance_from_journal(s, row, at)
+
+
+def _balance_now(s: Session, row: Any, at: datetime) -> dict[str, Any]:
+    grants = [g for g in load_grants(s, row.id) if g.active_at(at)]
+    held = s.execute(select(func.coalesce(func.sum(grants_t.c.earmarked_ucredits), 0))
+                     .where(grants_t.c.account_id == row.id)).scalar_one()
+    available = sum(g.free_ucredits for g in grants) - row.debt_ucredits
+    return _shape(row.name, at, available, int(held), row.debt_ucredits,
+                  [(g.as_dict(), g.remaining_ucredits) for g in grants])
+
+
+def _balance_from_journal(s: Session, row: Any, at: datetime) -> dict[str, Any]:
+    sums: dict[tuple[int | None, str], int] = {}
+    for grant_id, bucket, total in s.execute(
+        select(postings_t.c.grant_id, postings_t.c.bucket, func.sum(postings_t.c.amount_ucredits))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(entries_t.c.account_id == row.id, postings_t.c.account_id == row.id,
+               entries_t.c.effective_at <= at)
+        .group_by(postings_t.c.grant_id, postings_t.c.bucket)
+    ):
+        sums[(grant_id, bucket)] = int(total)
+    grants = [g for g in load_grants(s, row.id, with_remaining=False) if g.active_at(at)]
+    debt = -sums.get((None, "debt"), 0)
+    held = sum(v for (_g, bucket), v in sums.items() if bucket == "held")
+    available = sum(sums.get((g.id, "available"), 0) for g in grants) - debt
+    shown = []
+    for g in grants:
+        remaining = sums.get((g.id, "available"), 0) + sums.get((g.id, "held"), 0)
+        shown.append(({**g.as_dict(), "remaining": format_credits(remaining)}, remaining))
+    return _shape(row.name, at, available, held, debt, shown)
+
+
+def _shape(name: str, at: datetime, available: int, held: int, debt: int,
+           grants: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    return {"account": name, "at": format_time(at), "available": format_credits(available),
+            "held": format_credits(held), "debt": format_credits(debt),
+            "grants": [g for g, _remaining in grants]}
+
+
+def account_summary(s: Session, account: str) -> dict[str, Any]:
+    row = _account_row(s, account)
+    active = s.execute(select(func.count()).select_from(holds_t).where(
+        holds_t.c.account_id == row.id, holds_t.c.state == "active")).scalar_one()
+    return {**balance(s, account), "active_holds": int(active), "entries": row.entry_count}

@@ -1,0 +1,448 @@
+"""The ledger's commands in the `gpucredit` CLI (DESIGN §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ledger.cli_support import (
+    at_option,
+    emit,
+    engine_for,
+    format_option,
+    key_option,
+    ledger_command,
+    parse_time_option,
+    transaction,
+)
+from ledger.timeutil import parse_slurm_duration
+
+HOLD_COLUMNS = ["id", "account", "user", "cluster", "job_id", "run", "state", "gpus", "amount",
+                "charged", "expires_at"]
+
+
+def _emit_balance(result: dict[str, Any], fmt: str) -> None:
+    if fmt != "table":
+        emit(result if fmt == "json" else result["grants"], fmt,
+             None if fmt == "json" else ["id", "source", "amount", "remaining", "effective_at",
+                                         "expires_at", "priority"])
+        return
+    click.echo(f"account {result['account']} at {result['at']}: available {result['available']}, "
+               f"held {result['held']}" + (f", debt {result['debt']}" if result["debt"] != "0.00" else ""))
+    emit(result["grants"], fmt, ["id", "source", "amount", "remaining", "effective_at", "expires_at",
+                                 "priority"])
+
+
+@click.command("init")
+@ledger_command
+def init_command() -> None:
+    """Create or upgrade the database."""
+    from ledger.schema import upgrade
+
+    engine = engine_for()
+    revision = upgrade(engine)
+    click.echo(f"database {engine.url.render_as_string(hide_password=True)} at revision {revision}")
+
+
+@click.group("account")
+def account_group() -> None:
+    """Customer accounts (mirroring Slurm accounts)."""
+
+
+@account_group.command("create")
+@click.argument("name")
+@ledger_command
+def account_create(name: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        api.create_account(s, name)
+    click.echo(f"account {name} created")
+
+
+@account_group.command("list")
+@format_option
+@ledger_command
+def account_list(fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        rows = []
+        for name in api.account_names(s):
+            b = api.balance(s, name)
+            rows.append({"account": name, "available": b["available"], "held": b["held"],
+                         "debt": b["debt"]})
+    emit(rows, fmt)
+
+
+@account_group.command("show")
+@click.argument("name")
+@format_option
+@ledger_command
+def account_show(name: str, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        summary = api.account_summary(s, name)
+    _emit_balance(summary, fmt)
+
+
+@click.group("user")
+def user_group() -> None:
+    """Members of accounts."""
+
+
+@user_group.command("add")
+@click.argument("user")
+@click.argument("account")
+@ledger_command
+def user_add(user: str, account: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        api.add_member(s, user, account)
+    click.echo(f"user {user} added to {account}")
+
+
+@click.group("price")
+def price_group() -> None:
+    """Credits per GPU-hour by GPU type."""
+
+
+@price_group.command("set")
+@click.argument("gres")
+@click.argument("credits_per_gpu_hour")
+@click.option("--partition", default=None)
+@click.option("--effective", default=None, metavar="TIME", help="When the price takes effect.")
+@format_option
+@ledger_command
+def price_set(gres: str, credits_per_gpu_hour: str, partition: str | None, effective: str | None,
+              fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        result = api.set_price(s, gres, credits_per_gpu_hour, partition=partition,
+                               effective_at=parse_time_option(effective, "effective"))
+    emit(result, fmt)
+
+
+@price_group.command("list")
+@format_option
+@ledger_command
+def price_list(fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        emit(api.list_prices(s), fmt, ["gres", "partition", "credits_per_gpu_hour", "effective_at"])
+
+
+@click.group("limits")
+def limits_group() -> None:
+    """Caps on concurrent GPUs, spend rate and daily spend."""
+
+
+@limits_group.command("set")
+@click.argument("account")
+@click.option("--user", default=None, help="Set the caps of one member instead of the account.")
+@click.option("--max-gpus", type=int, default=None)
+@click.option("--max-rate", default=None, metavar="CREDITS_PER_SECOND")
+@click.option("--daily-cap", default=None, metavar="CREDITS")
+@click.option("--clear", is_flag=True, help="Remove the existing caps first.")
+@format_option
+@ledger_command
+def limits_set(account: str, user: str | None, max_gpus: int | None, max_rate: str | None,
+               daily_cap: str | None, clear: bool, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        result = api.set_limits(s, account, user=user, max_gpus=max_gpus, max_rate=max_rate,
+                                daily_cap=daily_cap, clear=clear)
+    emit(result, "json" if fmt == "table" else fmt)
+
+
+@limits_group.command("show")
+@click.argument("account")
+@format_option
+@ledger_command
+def limits_show(account: str, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        result = api.show_limits(s, account)
+    if fmt == "json":
+        emit(result, fmt)
+        return
+    rows = [{"scope": "account", **result["account_limits"]}]
+    rows += [{"scope": f"user {u}", **lim} for u, lim in result["users"].items()]
+    emit(rows, fmt, ["scope", "max_gpus", "max_rate", "daily_cap"])
+
+
+def _credit_command(source: str) -> Any:
+    @click.argument("account")
+    @click.argument("amount")
+    @click.option("--effective", default=None, metavar="TIME", help="When the credit becomes usable.")
+    @click.option("--expires", default=None, metavar="TIME", help="When the unused credit expires.")
+    @at_option
+    @key_option
+    @format_option
+    @ledger_command
+    def command(account: str, amount: str, effective: str | None, expires: str | None, at: str | None,
+                idempotency_key: str | None, fmt: str, **extra: Any) -> None:
+        from ledger import api
+
+        operation = api.topup if source == "topup" else api.grant
+        with transaction() as s:
+            result = operation(s, account, amount,
+                               effective_at=parse_time_option(effective, "effective"),
+                               expires_at=parse_time_option(expires, "expires"),
+                               at=parse_time_option(at, "at"), idempotency_key=idempotency_key,
+                               **extra)
+        emit(result["grant"], fmt)
+
+    return command
+
+
+topup_command = click.command("topup", help="Add paid credit to ACCOUNT (pays debt first).")(
+    click.option("--reference", default=None, help="Payment reference.")(_credit_command("topup")))
+grant_command = click.command("grant", help="Grant credit to ACCOUNT, optionally time-windowed.")(
+    click.option("--priority", type=int, default=10, show_default=True,
+                 help="Lower is spent first.")(_credit_command("grant")))
+
+
+@click.command("consume")
+@click.argument("account")
+@click.argument("amount")
+@click.option("--user", default=None)
+@at_option
+@key_option
+@format_option
+@ledger_command
+def consume_command(account: str, amount: str, user: str | None, at: str | None,
+                    idempotency_key: str | None, fmt: str) -> None:
+    """Charge AMOUNT to ACCOUNT directly (no job)."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.consume(s, account, amount, at=parse_time_option(at, "at"), user=user,
+                             idempotency_key=idempotency_key)
+    emit(result, fmt)
+
+
+@click.command("adjust")
+@click.argument("account")
+@click.argument("amount")
+@click.option("--links", "links_entry_id", type=int, required=True, metavar="ENTRY_ID",
+              help="The journal entry this corrects.")
+@click.option("--reason", default="")
+@at_option
+@format_option
+@ledger_command
+def adjust_command(account: str, amount: str, links_entry_id: int, reason: str, at: str | None,
+                   fmt: str) -> None:
+    """Post a signed correction (+charge / -refund) linked to an earlier charge."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.adjust(s, account, amount, links_entry_id=links_entry_id, reason=reason,
+                            at=parse_time_option(at, "at"))
+    emit(result, "json" if fmt == "table" else fmt)
+
+
+@click.command("balance")
+@click.argument("account")
+@at_option
+@format_option
+@ledger_command
+def balance_command(account: str, at: str | None, fmt: str) -> None:
+    """What ACCOUNT can spend at a time, past or future (default now)."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.balance(s, account, parse_time_option(at, "at"))
+    _emit_balance(result, fmt)
+
+
+@click.command("quote")
+@click.option("--account", required=True)
+@click.option("--gpus", required=True, metavar="TYPE:N[,TYPE:N]")
+@click.option("--time", "time_limit", required=True, metavar="[D-]HH:MM:SS")
+@click.option("--partition", default=None)
+@click.option("--tasks", type=click.IntRange(1, 1_000_000), default=1, help="Array tasks.")
+@at_option
+@format_option
+@ledger_command
+def quote_command(account: str, gpus: str, time_limit: str, partition: str | None, tasks: int,
+                  at: str | None, fmt: str) -> None:
+    """What a job would cost, and whether ACCOUNT can afford it now. Reserves nothing."""
+    from ledger import api
+
+    seconds = parse_slurm_duration(time_limit)
+    with transaction() as s:
+        result = api.quote(s, account, gpus, seconds, partition=partition,
+                           at=parse_time_option(at, "at"), tasks=tasks)
+    emit(result, fmt, None if fmt == "json" else
+         ["account", "gpus", "seconds", "tasks", "cost", "rate", "available", "affordable"])
+
+
+@click.group("hold")
+def hold_group() -> None:
+    """Reservations for job runs."""
+
+
+@hold_group.command("create")
+@click.argument("account")
+@click.option("--user", required=True)
+@click.option("--job-id", type=int, required=True)
+@click.option("--cluster", default=None, help="Default: slurm.cluster from the config.")
+@click.option("--run", type=int, default=0, show_default=True)
+@click.option("--gpus", required=True, metavar="TYPE:N[,TYPE:N]")
+@click.option("--seconds", required=True, help="Time limit in seconds.")
+@click.option("--partition", default=None)
+@at_option
+@format_option
+@ledger_command
+def hold_create(account: str, user: str, job_id: int, cluster: str | None, run: int, gpus: str,
+                seconds: str, partition: str | None, at: str | None, fmt: str) -> None:
+    from ledger import api
+    from ledger.config import load_config
+
+    config = load_config()
+    with transaction() as s:
+        hold = api.create_hold(s, account, user=user, job_id=job_id,
+                               cluster=cluster or config["slurm"]["cluster"], run=run, gpus=gpus,
+                               seconds=seconds, partition=partition, at=parse_time_option(at, "at"),
+                               grace_seconds=int(config["holds"]["grace_seconds"]))
+    emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+
+
+def _hold_charge(name: str, doc: str) -> Any:
+    @hold_group.command(name, help=doc)
+    @click.argument("hold_id", type=int)
+    @click.option("--elapsed", required=True, help="Seconds the run has used.")
+    @at_option
+    @format_option
+    @ledger_command
+    def command(hold_id: int, elapsed: str, at: str | None, fmt: str) -> None:
+        from ledger import api
+
+        operation = api.hold_usage if name == "usage" else api.settle_hold
+        with transaction() as s:
+            hold = operation(s, hold_id, elapsed, parse_time_option(at, "at"))
+        emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+
+    return command
+
+
+_hold_charge("usage", "Provisional charge for ELAPSED seconds run so far.")
+_hold_charge("settle", "Final charge for ELAPSED seconds; the rest of the hold returns.")
+
+
+@hold_group.command("release")
+@click.argument("hold_id", type=int)
+@at_option
+@format_option
+@ledger_command
+def hold_release(hold_id: int, at: str | None, fmt: str) -> None:
+    """Return the rest of a hold without a further charge."""
+    from ledger import api
+
+    with transaction() as s:
+        hold = api.release_hold(s, hold_id, parse_time_option(at, "at"))
+    emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+
+
+@hold_group.command("list")
+@click.option("--account", default=None)
+@click.option("--state", type=click.Choice(["active", "settled", "released", "expired"]), default=None)
+@format_option
+@ledger_command
+def hold_list(account: str | None, state: str | None, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        holds = [h.as_dict() for h in api.list_holds(s, account, state)]
+    emit(holds, fmt, None if fmt == "json" else HOLD_COLUMNS)
+
+
+@hold_group.command("show")
+@click.argument("hold_id", type=int)
+@format_option
+@ledger_command
+def hold_show(hold_id: int, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        hold = api.get_hold(s, hold_id)
+    emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+
+
+@click.command("report")
+@click.option("--account", default=None)
+@click.option("--user", default=None)
+@click.option("--from", "start", default=None, metavar="TIME")
+@click.option("--to", "end", default=None, metavar="TIME")
+@click.option("--by", type=click.Choice(["day", "gres", "user", "partition", "account"]),
+              default="day", show_default=True)
+@format_option
+@ledger_command
+def report_command(account: str | None, user: str | None, start: str | None, end: str | None,
+                   by: str, fmt: str) -> None:
+    """Charges and GPU-seconds grouped by day, GPU type, user, partition or account."""
+    from ledger import api
+
+    with transaction() as s:
+        rows = api.usage_report(s, account=account, user=user, start=parse_time_option(start, "from"),
+                                end=parse_time_option(end, "to"), by=by)
+    emit(rows, fmt, [by, "charged", "gpu_seconds", "jobs"])
+
+
+@click.command("sweep")
+@at_option
+@format_option
+@ledger_command
+def sweep_command(at: str | None, fmt: str) -> None:
+    """Expire holds past time limit + grace, and grant credit past its expiry."""
+    from ledger import api
+
+    when = parse_time_option(at, "at")
+    with transaction() as s:
+        names = api.account_names(s)
+    rows = []
+    for name in names:  # one transaction per account: the ledger's one-lock rule
+        with transaction() as s:
+            result = api.sweep(s, name, when)
+        rows.append({**result, "expired_holds": len(result["expired_holds"])})
+    emit(rows, fmt, ["account", "expired_holds", "expired_credits"])
+
+
+@click.group("audit")
+def audit_group() -> None:
+    """Check the journal."""
+
+
+@audit_group.command("verify")
+@format_option
+@ledger_command
+def audit_verify(fmt: str) -> None:
+    """Recompute every hash chain and projection; exit 1 on any mismatch."""
+    from ledger import api
+
+    with transaction() as s:
+        report = api.verify(s)
+    result = {"ok": report.ok, "accounts": report.accounts, "entries": report.entries,
+              "problems": report.problems}
+    if fmt == "json":
+        emit(result, fmt)
+    else:
+        for problem in report.problems:
+            click.echo(f"PROBLEM: {problem}")
+        click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.accounts} accounts, "
+                   f"{report.entries} entries, {len(report.problems)} problems")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+COMMANDS = [init_command, account_group, user_group, price_group, limits_group, topup_command,
+            grant_command, consume_command, adjust_command, balance_command, quote_command, hold_group,
+            report_command, sweep_command, audit_group]

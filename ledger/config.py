@@ -1,0 +1,63 @@
+"""gpucredit's configuration: built-in defaults, then a TOML file, then the environment.
+
+Stdlib only: the Slurm hooks read it too, and they must start fast.
+The file is `GPUCREDIT_CONFIG`, else /etc/gpucredit/gpucredit.toml when it exists;
+the database is `GPUCREDIT_DATABASE_URL`, else `database.url`, else an embedded
+SQLite file under the user's data directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpucredit/gpucredit.toml")
+
+DEFAULTS: dict[str, Any] = {
+    "database": {"url": None},
+    "holds": {"mode": "full", "grace_seconds": 600, "lease_seconds": 900},
+    "meter": {"interval_seconds": 30, "on_exhausted": "cancel"},
+    "daemon": {"socket": "/run/gpucredit/daemon.sock", "timeout_seconds": 2.0},
+    "policy": {"on_ledger_unreachable": "reject", "refund_node_fail": True},
+    "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
+    "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
+    "portal": {"host": "127.0.0.1", "port": 8080},
+}
+
+
+def default_sqlite_url() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return f"sqlite:///{Path(base) / 'gpucredit' / 'gpucredit.db'}"
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def config_path() -> Path | None:
+    env = os.environ.get("GPUCREDIT_CONFIG")
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+
+
+def load_config(path: Path | None = None) -> dict[str, Any]:
+    config = copy.deepcopy(DEFAULTS)
+    path = path if path is not None else config_path()
+    if path is not None:
+        with open(path, "rb") as handle:
+            _merge(config, tomllib.load(handle))
+    env_url = os.environ.get("GPUCREDIT_DATABASE_URL")
+    if env_url:
+        config["database"]["url"] = env_url
+    if not config["database"]["url"]:
+        config["database"]["url"] = default_sqlite_url()
+    return config

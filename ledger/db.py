@@ -1,0 +1,57 @@
+"""Engines and sessions for the two stores: embedded SQLite and PostgreSQL (psycopg 3).
+
+Each mutating transaction locks exactly one customer account row. On PostgreSQL
+that is `SELECT ... FOR UPDATE`; SQLite has one writer anyway, so every SQLite
+transaction starts with `BEGIN IMMEDIATE` and takes the write lock up front
+instead of failing later with "database is locked" on upgrade.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
+        url = str(parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's is deferred).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def is_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"

@@ -1,0 +1,477 @@
+"""Holds: a reservation for one job run, resolved exactly once.
+
+`create_hold` checks limits and credit, then earmarks grant portions in burn order.
+A charge (`hold_usage`, `settle_hold`, `adjust_hold`) brings the hold's cumulative
+charge to the cost of its cumulative seconds, rounded once, drawing first from the
+hold's own earmarks and the free part of grants active at the charge's effective
+time (so expiring credit goes first), never from another hold's earmarks; what
+cannot be drawn is recorded as debt. Settling releases what is left of the hold.
+A run is `(cluster, job_id, run)`; a repeat of the same request returns the hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from ledger.accounts import check_name, limits_for, lock_account
+from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LimitExceeded, NotFound
+from ledger.grants import (
+    GrantState,
+    available_now,
+    create_grant,
+    load_grants,
+    save_grants,
+    take_free,
+)
+from ledger.idempotency import request_hash
+from ledger.journal import REVENUE, Leg, LockedAccount, accounts_t, entries_t, post, postings_t
+from ledger.models import Hold, HoldAllocation
+from ledger.money import charge_for, format_credits, format_rate
+from ledger.prices import format_gpus, parse_gpus, rate_for
+from ledger.timeutil import day_bounds, format_time, parse_seconds, utcnow
+
+holds_t = Hold.__table__
+allocations_t = HoldAllocation.__table__
+DEFAULT_GRACE_SECONDS = 600
+MAX_JOB_ID = 2**53
+
+
+@dataclass
+class HoldState:
+    id: int
+    account_id: int
+    account: str
+    user: str
+    cluster: str
+    job_id: int
+    run: int
+    partition: str | None
+    gpus: str
+    unit_prices: str
+    gpu_count: int
+    rate_ucredits_per_hour: int
+    limit_seconds: int
+    amount_ucredits: int
+    charged_ucredits: int
+    charged_seconds: int
+    debt_ucredits: int
+    state: str
+    started_at: datetime
+    expires_at: datetime
+    resolved_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "account": self.account, "user": self.user, "cluster": self.cluster,
+                "job_id": self.job_id, "run": self.run, "state": self.state,
+                "amount": format_credits(self.amount_ucredits),
+                "charged": format_credits(self.charged_ucredits),
+                "expires_at": format_time(self.expires_at),
+                "gpus": self.gpus, "partition": self.partition,
+                "rate": format_rate(self.rate_ucredits_per_hour),
+                "started_at": format_time(self.started_at),
+                "charged_seconds": self.charged_seconds,
+                "resolved_at": format_time(self.resolved_at)}
+
+
+@dataclass
+class Allocation:
+    grant_id: int
+    earmarked_ucredits: int
+    drawn_ucredits: int
+    is_new: bool = False
+    dirty: bool = False
+
+
+_HOLD_COLUMNS = [c for c in holds_t.c if c.name != "request_hash"]
+
+
+def _hold_query() -> Any:
+    return select(*_HOLD_COLUMNS, accounts_t.c.name.label("account")).join(
+        accounts_t, accounts_t.c.id == holds_t.c.account_id)
+
+
+def _to_state(row: Any) -> HoldState:
+    fields = {c.name: getattr(row, c.name) for c in _HOLD_COLUMNS}
+    return HoldState(account=row.account, **fields)
+
+
+def get_hold(s: Session, hold_id: int) -> HoldState:
+    row = s.execute(_hold_query().where(holds_t.c.id == hold_id)).first()
+    if row is None:
+        raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})
+    return _to_state(row)
+
+
+def find_hold(s: Session, cluster: str, job_id: int, run: int) -> HoldState | None:
+    row = s.execute(_hold_query().where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id,
+                                        holds_t.c.run == run)).first()
+    return None if row is None else _to_state(row)
+
+
+def list_holds(s: Session, account: str | None = None, state: str | None = None,
+               limit: int = 1000) -> list[HoldState]:
+    query = _hold_query()
+    if account is not None:
+        query = query.where(accounts_t.c.name == account)
+    if state is not None:
+        query = query.where(holds_t.c.state == state)
+    return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id).limit(limit))]
+
+
+def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
+    """Lock the hold's account, then read the hold under that lock."""
+    account_name = get_hold(s, hold_id).account
+    account = lock_account(s, account_name)
+    return account, get_hold(s, hold_id)
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
+    """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
+    query = select(func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+                   func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+                   func.coalesce(func.sum(holds_t.c.amount_ucredits - holds_t.c.charged_ucredits), 0)
+                   ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active",
+                           holds_t.c.amount_ucredits > holds_t.c.charged_ucredits)
+    gpus_q = select(func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+                    func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0)).where(
+        holds_t.c.account_id == account_id, holds_t.c.state == "active")
+    if user is not None:
+        query = query.where(holds_t.c.user == user)
+        gpus_q = gpus_q.where(holds_t.c.user == user)
+    gpus, rate = s.execute(gpus_q).one()
+    held = s.execute(query).one()[2]
+    return int(gpus), int(rate), int(held)
+
+
+def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
+    """Charges (net of refunds) effective on `at`'s UTC day."""
+    start, end = day_bounds(at)
+    query = select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0)).join(
+        entries_t, entries_t.c.id == postings_t.c.entry_id).where(
+        entries_t.c.account_id == account_id, postings_t.c.account_id == REVENUE,
+        entries_t.c.effective_at >= start, entries_t.c.effective_at < end)
+    if user is not None:
+        query = query.where(entries_t.c.user == user)
+    return int(s.execute(query).scalar_one())
+
+
+def check_limits(s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int,
+                 amount: int, at: datetime) -> None:
+    """Refuse a new hold that would break a user or account cap, naming value and cap."""
+    for scope, who in (("user", user), ("account", None)):
+        limits = limits_for(s, account.id, who)
+        if limits == type(limits)():
+            continue
+        subject = f"user {user} in account {account.name}" if who else f"account {account.name}"
+        gpus_now, rate_now, held_now = _usage_of_active_holds(s, account.id, who)
+        if limits.max_gpus is not None and gpus_now + gpu_count > limits.max_gpus:
+            value = gpus_now + gpu_count
+            raise LimitExceeded("concurrent_gpus",
+                                f"{subject}: {value} concurrent GPUs would exceed the cap of "
+                                f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
+                                {"limit": "concurrent_gpus", "scope": scope, "value": value,
+                                 "cap": limits.max_gpus})
+        if limits.max_rate_ucredits_per_second is not None:
+            cap_per_hour = limits.max_rate_ucredits_per_second * 3600
+            if rate_now + rate > cap_per_hour:
+                value = format_rate(rate_now + rate)
+                cap = format_rate(cap_per_hour)
+                raise LimitExceeded("spend_rate",
+                                    f"{subject}: spend rate {value}/s would exceed the cap of "
+                                    f"{cap}/s", {"limit": "spend_rate", "scope": scope,
+                                                 "value": value, "cap": cap})
+        if limits.daily_cap_ucredits is not None:
+            spent = spent_on_day(s, account.id, who, at)
+            value_u = spent + held_now + amount
+            if value_u > limits.daily_cap_ucredits:
+                value = format_credits(value_u)
+                cap = format_credits(limits.daily_cap_ucredits)
+                raise LimitExceeded("daily_cap",
+                                    f"{subject}: {value} credits today would exceed the daily cap "
+                                    f"of {cap} ({format_credits(spent)} spent + "
+                                    f"{format_credits(held_now)} held + {format_credits(amount)} "
+                                    "for this job)",
+                                    {"limit": "daily_cap", "scope": scope, "value": value, "cap": cap,
+                                     "spent": format_credits(spent), "held": format_credits(held_now),
+                                     "requested": format_credits(amount)})
+
+
+# -- create -----------------------------------------------------------------------------------
+
+def create_hold(s: Session, account_name: str, *, user: str, job_id: int, gpus: str | dict[str, int],
+                seconds: int | str, cluster: str = "default", run: int = 0,
+                partition: str | None = None, at: datetime | None = None,
+                grace_seconds: int = DEFAULT_GRACE_SECONDS) -> HoldState:
+    check_name(user, "user")
+    gpu_map = parse_gpus(gpus)
+    seconds = parse_seconds(seconds, field="seconds")
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id < MAX_JOB_ID:
+        raise InvalidInput(f"job id {job_id!r} must be a positive whole number", code="invalid_job",
+                           details={"job_id": job_id})
+    if not isinstance(run, int) or run < 0:
+        raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
+    at = at or utcnow()
+    account = lock_account(s, account_name)
+    body = {"account": account_name, "user": user, "gpus": format_gpus(gpu_map), "seconds": seconds,
+            "partition": partition}
+    digest = request_hash("hold", body)
+    existing = find_hold(s, cluster, job_id, run)
+    if existing is not None:
+        if s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one() \
+                != digest:
+            raise Conflict(f"job {cluster}/{job_id} run {run} already holds credit for a "
+                           "different request", code="idempotency_conflict",
+                           details={"hold_id": existing.id})
+        return existing
+    rate, unit_prices = rate_for(s, gpu_map, partition, at)
+    amount = charge_for(rate, seconds)
+    gpu_count = sum(gpu_map.values())
+    check_limits(s, account, user, gpu_count, rate, amount, at)
+    grants = load_grants(s, account.id)
+    available = available_now(grants, account, at)
+    if amount > available:
+        raise InsufficientCredits(
+            f"account {account.name}: this job needs {format_credits(amount)} credits "
+            f"({format_gpus(gpu_map)} for {seconds} s) but {format_credits(available)} are available",
+            details={"account": account.name, "needed": format_credits(amount),
+                     "available": format_credits(available)})
+    legs: list[Leg] = []
+    if take_free(grants, account, amount, at, "held", legs):
+        raise RuntimeError("available credit was computed but could not be earmarked")
+    expires_at = at + timedelta(seconds=seconds + grace_seconds)
+    hold_id = s.execute(insert(holds_t).values(
+        account_id=account.id, user=user, cluster=cluster, job_id=job_id, run=run,
+        partition=partition, gpus=format_gpus(gpu_map), gpu_count=gpu_count,
+        unit_prices=format_gpus(unit_prices),
+        rate_ucredits_per_hour=rate, limit_seconds=seconds, amount_ucredits=amount,
+        charged_ucredits=0, charged_seconds=0, debt_ucredits=0, state="active", started_at=at,
+        expires_at=expires_at, resolved_at=None, request_hash=digest,
+    ).returning(holds_t.c.id)).scalar_one()
+    post(s, account, "hold", at, legs, user=user, hold_id=hold_id,
+         memo={"job": f"{cluster}/{job_id}/{run}", "gpus": format_gpus(gpu_map), "seconds": seconds})
+    earmarks = [(leg.grant_id, leg.amount_ucredits) for leg in legs if leg.bucket == "held"]
+    if earmarks:
+        s.execute(insert(allocations_t), [
+            {"hold_id": hold_id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
+            for g, a in earmarks])
+    save_grants(s, grants)
+    return get_hold(s, hold_id)
+
+
+# -- charges ----------------------------------------------------------------------------------
+
+def _load_allocations(s: Session, hold_id: int) -> dict[int, Allocation]:
+    return {r.grant_id: Allocation(r.grant_id, r.earmarked_ucredits, r.drawn_ucredits)
+            for r in s.execute(select(allocations_t).where(allocations_t.c.hold_id == hold_id))}
+
+
+def _save_allocations(s: Session, hold_id: int, allocations: dict[int, Allocation]) -> None:
+    new = [a for a in allocations.values() if a.is_new]
+    if new:
+        s.execute(insert(allocations_t), [
+            {"hold_id": hold_id, "grant_id": a.grant_id, "earmarked_ucredits": a.earmarked_ucredits,
+             "drawn_ucredits": a.drawn_ucredits} for a in new])
+    for a in allocations.values():
+        if a.dirty and not a.is_new:
+            s.execute(update(allocations_t).where(allocations_t.c.hold_id == hold_id,
+                                                  allocations_t.c.grant_id == a.grant_id).values(
+                earmarked_ucredits=a.earmarked_ucredits, drawn_ucredits=a.drawn_ucredits))
+
+
+def _draw(account: LockedAccount, hold: HoldState, grants: list[GrantState],
+          allocations: dict[int, Allocation], amount: int, at: datetime, legs: list[Leg]) -> None:
+    need = amount
+    for g in grants:
+        if need == 0:
+            break
+        alloc = allocations.get(g.id)
+        if alloc is not None and alloc.earmarked_ucredits > 0:
+            take = min(need, alloc.earmarked_ucredits)
+            alloc.earmarked_ucredits -= take
+            alloc.drawn_ucredits += take
+            alloc.dirty = True
+            g.earmarked_ucredits -= take
+            g.remaining_ucredits -= take
+            g.dirty = True
+            legs.append(Leg(account.id, -take, "held", g.id))
+            need -= take
+        if need and g.active_at(at) and g.free_ucredits > 0:
+            take = min(need, g.free_ucredits)
+            if alloc is None:
+                alloc = allocations[g.id] = Allocation(g.id, 0, 0, is_new=True)
+            alloc.drawn_ucredits += take
+            alloc.dirty = True
+            g.remaining_ucredits -= take
+            g.dirty = True
+            legs.append(Leg(account.id, -take, "available", g.id))
+            need -= take
+    if need:
+        legs.append(Leg(account.id, -need, "debt"))
+        hold.debt_ucredits += need
+    legs.append(Leg(REVENUE, amount))
+
+
+def _refund(account: LockedAccount, hold: HoldState, grants: list[GrantState],
+            allocations: dict[int, Allocation], amount: int, legs: list[Leg]) -> int:
+    """Give back `amount` of what this hold was charged: debt first, then its grants in
+    reverse burn order. Returns what could not be placed (to become a refund grant)."""
+    left = amount
+    from_debt = min(left, hold.debt_ucredits, account.debt_ucredits)
+    if from_debt:
+        legs.append(Leg(account.id, from_debt, "debt"))
+        hold.debt_ucredits -= from_debt
+        left -= from_debt
+    for g in reversed(grants):
+        alloc = allocations.get(g.id)
+        if left == 0 or alloc is None or alloc.drawn_ucredits == 0:
+            continue
+        give = min(left, alloc.drawn_ucredits)
+        alloc.drawn_ucredits -= give
+        alloc.dirty = True
+        g.remaining_ucredits += give
+        g.dirty = True
+        legs.append(Leg(account.id, give, "available", g.id))
+        left -= give
+    legs.append(Leg(REVENUE, -(amount - left)))
+    return left
+
+
+def _release_earmarks(account: LockedAccount, grants: list[GrantState],
+                      allocations: dict[int, Allocation], legs: list[Leg]) -> None:
+    for g in grants:
+        alloc = allocations.get(g.id)
+        if alloc is None or alloc.earmarked_ucredits == 0:
+            continue
+        amount = alloc.earmarked_ucredits
+        alloc.earmarked_ucredits = 0
+        alloc.dirty = True
+        g.earmarked_ucredits -= amount
+        g.dirty = True
+        legs.append(Leg(account.id, -amount, "held", g.id))
+        legs.append(Leg(account.id, amount, "available", g.id))
+
+
+def _grants_for(s: Session, account: LockedAccount, allocations: dict[int, Allocation]) -> list[GrantState]:
+    """Grants with credit left plus every grant this hold touched (for refunds)."""
+    grants = {g.id: g for g in load_grants(s, account.id)}
+    missing = set(allocations) - set(grants)
+    if missing:
+        for g in load_grants(s, account.id, with_remaining=False, ids=missing):
+            grants[g.id] = g
+    return sorted(grants.values(), key=GrantState.burn_key)
+
+
+def _apply(s: Session, account: LockedAccount, hold: HoldState, *, kind: str, at: datetime,
+           target_ucredits: int, seconds: int | None, new_state: str | None,
+           links_entry_id: int | None = None, memo: dict[str, Any] | None = None) -> HoldState:
+    """Bring a hold's cumulative charge to `target_ucredits` and optionally resolve it."""
+    allocations = _load_allocations(s, hold.id)
+    grants = _grants_for(s, account, allocations)
+    legs: list[Leg] = []
+    delta = target_ucredits - hold.charged_ucredits
+    unplaced = 0
+    if delta > 0:
+        _draw(account, hold, grants, allocations, delta, at, legs)
+    elif delta < 0:
+        unplaced = _refund(account, hold, grants, allocations, -delta, legs)
+    if new_state is not None:
+        _release_earmarks(account, grants, allocations, legs)
+    post(s, account, kind, at, legs, user=hold.user, hold_id=hold.id,
+                 links_entry_id=links_entry_id,
+                 memo={"job": f"{hold.cluster}/{hold.job_id}/{hold.run}", "charge": delta,
+                       **({"seconds": seconds, "delta_seconds": seconds - hold.charged_seconds}
+                          if seconds is not None else {}), **(memo or {})})
+    save_grants(s, grants)
+    _save_allocations(s, hold.id, allocations)
+    values: dict[str, Any] = {"charged_ucredits": target_ucredits - unplaced,
+                              "debt_ucredits": hold.debt_ucredits}
+    if seconds is not None:
+        values["charged_seconds"] = seconds
+    if new_state is not None:
+        values.update(state=new_state, resolved_at=at)
+    s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
+    if unplaced:
+        create_grant(s, account, unplaced, source="refund", effective_at=at, user=hold.user)
+    return get_hold(s, hold.id)
+
+
+def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str,
+               at: datetime | None = None) -> HoldState:
+    """Provisional charge for the seconds run so far; never moves backwards."""
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    account, hold = _lock_hold(s, hold_id)
+    if hold.state != "active":
+        raise Conflict(f"hold {hold_id} is {hold.state}; usage can only be charged on an active hold",
+                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
+    if elapsed <= hold.charged_seconds:
+        return hold
+    at = at or hold.started_at + timedelta(seconds=elapsed)
+    return _apply(s, account, hold, kind="usage", at=at,
+                  target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+                  seconds=elapsed, new_state=None)
+
+
+def settle_hold(s: Session, hold_id: int, elapsed_seconds: int | str,
+                at: datetime | None = None) -> HoldState:
+    """Final charge for the run's elapsed seconds; the rest of the hold returns. Exactly once."""
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    account, hold = _lock_hold(s, hold_id)
+    if hold.state != "active":
+        if hold.state == "settled" and hold.charged_seconds == elapsed:
+            return hold
+        raise Conflict(f"hold {hold_id} is already {hold.state}; it resolves exactly once",
+                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
+    at = at or hold.started_at + timedelta(seconds=elapsed)
+    return _apply(s, account, hold, kind="settle", at=at,
+                  target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+                  seconds=elapsed, new_state="settled")
+
+
+def release_hold(s: Session, hold_id: int, at: datetime | None = None, *,
+                 state: str = "released") -> HoldState:
+    """Void the rest of a hold (charges already posted stay). Repeats are harmless."""
+    account, hold = _lock_hold(s, hold_id)
+    if hold.state != "active":
+        if hold.state == state:
+            return hold
+        raise Conflict(f"hold {hold_id} is already {hold.state}; it resolves exactly once",
+                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
+    return _apply(s, account, hold, kind="release" if state == "released" else "expire",
+                  at=at or utcnow(), target_ucredits=hold.charged_ucredits, seconds=None,
+                  new_state=state)
+
+
+def adjust_hold(s: Session, hold_id: int, target_ucredits: int, *, at: datetime | None = None,
+                reason: str = "", links_entry_id: int | None = None) -> HoldState:
+    """Correct a run's total charge (the bridge's reconciliation); links to the hold's charge."""
+    if target_ucredits < 0:
+        raise InvalidInput("a run's charge cannot be negative", code="invalid_amount")
+    account, hold = _lock_hold(s, hold_id)
+    if target_ucredits == hold.charged_ucredits:
+        return hold
+    if links_entry_id is None:
+        links_entry_id = s.execute(
+            select(entries_t.c.id).where(entries_t.c.hold_id == hold_id,
+                                         entries_t.c.kind.in_(("settle", "release", "expire")))
+            .order_by(entries_t.c.id.desc()).limit(1)).scalar()
+    return _apply(s, account, hold, kind="adjust", at=at or utcnow(), target_ucredits=target_ucredits,
+                  seconds=None, new_state=None, links_entry_id=links_entry_id,
+                  memo={"reason": reason} if reason else None)
+
+
+def expire_holds(s: Session, account_name: str, at: datetime) -> list[int]:
+    """Resolve holds past time limit + grace, so a lost epilog never strands credit."""
+    lock_account(s, account_name)
+    ids = list(s.execute(select(holds_t.c.id).join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
+                         .where(accounts_t.c.name == account_name, holds_t.c.state == "active",
+                                holds_t.c.expires_at <= at)).scalars())
+    for hold_id in ids:
+        release_hold(s, hold_id, at, state="expired")
+    return ids

@@ -1,0 +1,267 @@
+"""The ledger's tables.
+
+Two kinds of rows live here:
+- the journal (`entries`, `postings`): append-only truth. Never updated or deleted;
+  PostgreSQL refuses it by trigger, and a hash chain per account exposes edits on
+  any store;
+- projections (`grants.remaining/earmarked`, `holds.state/charged`,
+  `accounts.debt/head`): maintained in the same transaction as the entry that
+  changes them, so "now" is answered without scanning the journal.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC on every backend; handed back as aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the ledger; use aware UTC")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Ucredits = Annotated[int, mapped_column(BigInteger)]
+Timestamp = Annotated[datetime, mapped_column(UTCDateTime())]
+Name = Annotated[str, mapped_column(String(128))]
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Account(Base):
+    """A Slurm account that pays (`customer`), or a system account (`system`)."""
+
+    __tablename__ = "accounts"
+    __table_args__ = (CheckConstraint("kind IN ('customer', 'system')", name="kind"),
+                      CheckConstraint("debt_ucredits >= 0", name="debt"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[Name] = mapped_column(unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[Timestamp]
+    debt_ucredits: Mapped[Ucredits] = mapped_column(default=0)
+    entry_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    head_hash: Mapped[str] = mapped_column(String(64), default="")
+
+
+class Member(Base):
+    """A Slurm user allowed to charge an account."""
+
+    __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("account_id", "user"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    user: Mapped[Name]
+    created_at: Mapped[Timestamp]
+
+
+class Limit(Base):
+    """Caps for an account (user NULL) or for one user within it. NULL means no cap."""
+
+    __tablename__ = "limits"
+    __table_args__ = (
+        UniqueConstraint("account_id", "user"),
+        CheckConstraint("max_gpus IS NULL OR max_gpus >= 0", name="max_gpus"),
+        CheckConstraint("max_rate_ucredits_per_second IS NULL OR max_rate_ucredits_per_second >= 0",
+                        name="max_rate"),
+        CheckConstraint("daily_cap_ucredits IS NULL OR daily_cap_ucredits >= 0", name="daily_cap"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    user: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    max_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_rate_ucredits_per_second: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    daily_cap_ucredits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[Timestamp]
+
+
+class Price(Base):
+    """Credits per GPU-hour for a GRES type (and optionally a partition), from a time on."""
+
+    __tablename__ = "prices"
+    __table_args__ = (CheckConstraint("ucredits_per_gpu_hour >= 0", name="price"),
+                      Index(None, "gres", "partition", "effective_at"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gres: Mapped[str] = mapped_column(String(64))
+    partition: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    ucredits_per_gpu_hour: Mapped[Ucredits]
+    effective_at: Mapped[Timestamp]
+    recorded_at: Mapped[Timestamp]
+
+
+class Grant(Base):
+    """Credit an account may spend inside [effective_at, expires_at). A top-up is a grant."""
+
+    __tablename__ = "grants"
+    __table_args__ = (
+        CheckConstraint("amount_ucredits > 0", name="amount"),
+        CheckConstraint("remaining_ucredits >= 0", name="remaining"),
+        CheckConstraint("earmarked_ucredits >= 0 AND earmarked_ucredits <= remaining_ucredits",
+                        name="earmarked"),
+        CheckConstraint("expires_at IS NULL OR expires_at > effective_at", name="window"),
+        Index(None, "account_id", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    source: Mapped[str] = mapped_column(String(16))
+    amount_ucredits: Mapped[Ucredits]
+    remaining_ucredits: Mapped[Ucredits]
+    earmarked_ucredits: Mapped[Ucredits]
+    effective_at: Mapped[Timestamp]
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer)
+    reference: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    entry_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Hold(Base):
+    """A reservation for one job run: a pending transfer that resolves exactly once."""
+
+    __tablename__ = "holds"
+    __table_args__ = (
+        UniqueConstraint("cluster", "job_id", "run"),
+        CheckConstraint("state IN ('active', 'settled', 'released', 'expired')", name="state"),
+        CheckConstraint("amount_ucredits >= 0 AND charged_ucredits >= 0", name="amounts"),
+        Index(None, "account_id", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    user: Mapped[Name]
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[int] = mapped_column(Integer)
+    partition: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    gpus: Mapped[str] = mapped_column(String(256))
+    unit_prices: Mapped[str] = mapped_column(String(512))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    rate_ucredits_per_hour: Mapped[Ucredits]
+    limit_seconds: Mapped[int] = mapped_column(Integer)
+    amount_ucredits: Mapped[Ucredits]
+    charged_ucredits: Mapped[Ucredits]
+    charged_seconds: Mapped[int] = mapped_column(Integer)
+    debt_ucredits: Mapped[Ucredits]
+    state: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[Timestamp]
+    expires_at: Mapped[Timestamp]
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+
+
+class HoldAllocation(Base):
+    """What one hold earmarked on one grant and what it has drawn from it."""
+
+    __tablename__ = "hold_allocations"
+    __table_args__ = (
+        UniqueConstraint("hold_id", "grant_id"),
+        CheckConstraint("earmarked_ucredits >= 0 AND drawn_ucredits >= 0", name="amounts"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hold_id: Mapped[int] = mapped_column(ForeignKey("holds.id"))
+    grant_id: Mapped[int] = mapped_column(ForeignKey("grants.id"))
+    earmarked_ucredits: Mapped[Ucredits]
+    drawn_ucredits: Mapped[Ucredits]
+
+
+class Entry(Base):
+    """One journal transaction for one customer account; its postings sum to zero."""
+
+    __tablename__ = "entries"
+    __table_args__ = (
+        UniqueConstraint("account_id", "seq"),
+        Index(None, "account_id", "effective_at"),
+        Index(None, "hold_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    effective_at: Mapped[Timestamp]
+    recorded_at: Mapped[Timestamp]
+    user: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    hold_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    links_entry_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    memo: Mapped[str] = mapped_column(Text, default="")
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class Posting(Base):
+    """A signed amount on one account (and, for customers, one grant and bucket)."""
+
+    __tablename__ = "postings"
+    __table_args__ = (
+        CheckConstraint("bucket IN ('available', 'held', 'debt', 'system')", name="bucket"),
+        Index(None, "account_id", "grant_id"),
+        Index(None, "entry_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("entries.id"))
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    grant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    bucket: Mapped[str] = mapped_column(String(16))
+    amount_ucredits: Mapped[Ucredits]
+
+
+class IdempotencyKey(Base):
+    """The first result of a keyed request, replayed for a repeat with the same body."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("account_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    key: Mapped[str] = mapped_column(String(256))
+    operation: Mapped[str] = mapped_column(String(32))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    result: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[Timestamp]
+
+
+SYSTEM_ACCOUNTS = ("system:payments", "system:promotions", "system:revenue", "system:expired")
+APPEND_ONLY_TABLES = ("entries", "postings")
