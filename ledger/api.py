@@ -60,9 +60,9 @@ def topup(s: Session, account: str, amount: str, *, effective_at: datetime | Non
           idempotency_key: str | None = None, at: datetime | None = None) -> dict[str, Any]:
     """Paid credit; visible at once; pays recorded debt first."""
     acct = lock_account(s, account)
-    return _grants.create_grant(s, acct, amount, source="topup", effective_at=effective_at or at,
+    return _grants.create_grant(s, acct, amount, source="topup", effective_at=effective_at,
                                 expires_at=expires_at, reference=reference,
-                                idempotency_key=idempotency_key)
+                                idempotency_key=idempotency_key, at=at)
 
 
 def grant(s: Session, account: str, amount: str, *, effective_at: datetime | None = None,
@@ -71,9 +71,9 @@ def grant(s: Session, account: str, amount: str, *, effective_at: datetime | Non
           at: datetime | None = None) -> dict[str, Any]:
     """Promotional or allocated credit, optionally time-windowed."""
     acct = lock_account(s, account)
-    return _grants.create_grant(s, acct, amount, source="grant", effective_at=effective_at or at,
+    return _grants.create_grant(s, acct, amount, source="grant", effective_at=effective_at,
                                 expires_at=expires_at, priority=priority, reference=reference,
-                                idempotency_key=idempotency_key)
+                                idempotency_key=idempotency_key, at=at)
 
 
 def consume(s: Session, account: str, amount: str, *, at: datetime | None = None,
@@ -120,7 +120,7 @@ def adjust(s: Session, account: str, amount: str, *, links_entry_id: int, reason
         _grants.save_grants(s, grants)
         return {"account": account, "adjustment": format_credits(delta), "entry_id": entry.id,
                 "links_entry_id": links_entry_id}
-    result = _grants.create_grant(s, acct, -delta, source="refund", effective_at=at)
+    result = _grants.create_grant(s, acct, -delta, source="refund", at=at)
     return {"account": account, "adjustment": format_credits(delta), "entry_id": result["entry_id"],
             "links_entry_id": links_entry_id, "grant": result["grant"]}
 
@@ -131,5 +131,6 @@ def sweep(s: Session, account: str, at: datetime | None = None) -> dict[str, Any
     expired_holds = _holds.expire_holds(s, account, at)
     acct = lock_account(s, account)
     expired = _grants.expire_grants(s, acct, at)
+    paid = _grants.pay_debt(s, acct, at)
     return {"account": account, "at": format_time(at), "expired_holds": expired_holds,
-            "expired_credits": format_credits(expired)}
+            "expired_credits": format_credits(expired), "debt_paid": format_credits(paid)}

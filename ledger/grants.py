@@ -118,12 +118,15 @@ def create_grant(s: Session, account: LockedAccount, amount: str | int, *, sourc
                  at: datetime | None = None) -> dict[str, Any]:
     """A top-up (source 'topup'), a promotion grant ('grant') or a refund ('refund').
 
-    Recorded debt is paid first, from the new grant, when it takes effect.
+    Recorded debt is paid first from the new grant when the grant is already in effect
+    at the operation's time `at` (default now). A grant that starts later cannot pay
+    debt before it exists; the sweep pays debt from active credit then.
     """
     amount_ucredits = amount if isinstance(amount, int) else parse_credits(amount)
     if amount_ucredits <= 0:
         raise InvalidInput("amount must be greater than zero", code="invalid_amount")
-    effective_at = effective_at or at or utcnow()
+    at = at or utcnow()
+    effective_at = effective_at or at
     if expires_at is not None and expires_at <= effective_at:
         raise InvalidInput(f"expiry {format_time(expires_at)} is not after the effective time "
                            f"{format_time(effective_at)}", code="invalid_time",
@@ -148,7 +151,7 @@ def create_grant(s: Session, account: LockedAccount, amount: str | int, *, sourc
                  user=user, memo={"reference": reference} if reference else None)
     remaining = amount_ucredits
     paid_debt = 0
-    if account.debt_ucredits > 0:
+    if account.debt_ucredits > 0 and effective_at <= at:
         paid_debt = min(account.debt_ucredits, amount_ucredits)
         post(s, account, "debt_paid", effective_at,
              [Leg(account.id, -paid_debt, "available", grant_id), Leg(account.id, paid_debt, "debt")],
@@ -211,3 +214,18 @@ def expire_grants(s: Session, account: LockedAccount, at: datetime) -> int:
             total += amount
     save_grants(s, grants)
     return total
+
+
+def pay_debt(s: Session, account: LockedAccount, at: datetime) -> int:
+    """Pay recorded debt from free credit active at `at`; available credit is unchanged."""
+    if account.debt_ucredits <= 0:
+        return 0
+    grants = load_grants(s, account.id)
+    legs: list[Leg] = []
+    short = take_free(grants, account, account.debt_ucredits, at, None, legs)
+    paid = account.debt_ucredits - short
+    if paid:
+        legs.append(Leg(account.id, paid, "debt"))
+        post(s, account, "debt_paid", at, legs)
+        save_grants(s, grants)
+    return paid

@@ -398,7 +398,7 @@ def _apply(s: Session, account: LockedAccount, hold: HoldState, *, kind: str, at
         values.update(state=new_state, resolved_at=at)
     s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
     if unplaced:
-        create_grant(s, account, unplaced, source="refund", effective_at=at, user=hold.user)
+        create_grant(s, account, unplaced, source="refund", at=at, user=hold.user)
     return get_hold(s, hold.id)
 
 

@@ -138,3 +138,17 @@ def tx(engine: Engine) -> Callable[[], Any]:
             yield session
 
     return run
+
+
+@pytest.fixture
+def tx_pg(pg_url: str) -> Iterator[Callable[[], Any]]:
+    eng = make_engine(pg_url)
+    factory = make_sessionmaker(eng)
+
+    @contextmanager
+    def run() -> Iterator[Session]:
+        with factory() as session, session.begin():
+            yield session
+
+    yield run
+    eng.dispose()
