@@ -1,0 +1,38 @@
+# gpucredit: `make demo` runs the main job on embedded SQLite; `make test` runs every test.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+DEMO_DB ?= $(CURDIR)/var/demo.db
+
+.PHONY: venv demo test check lint typecheck bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	rm -f $(DEMO_DB) $(DEMO_DB)-wal $(DEMO_DB)-shm
+	GPUCREDIT_DATABASE_URL=sqlite:///$(DEMO_DB) $(BIN)/python -m gpucredit.demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check ledger
+
+typecheck: venv
+	$(BIN)/mypy ledger gpucredit
+
+test: venv lint typecheck
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python bench/ledger_throughput.py
+
+clean:
+	rm -rf $(VENV) var build *.egg-info
+
+-include mk/slurm.mk
