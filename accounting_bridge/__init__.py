@@ -1,0 +1,1 @@
+"""Slurm accounting <-> ledger: sacct ingestion, NVML sampling, reconciliation, metering."""

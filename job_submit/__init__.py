@@ -1,0 +1,1 @@
+"""job_submit.lua (runs inside slurmctld) and the Python side that answers it."""

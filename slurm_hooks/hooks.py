@@ -1,0 +1,547 @@
+"""`gpucredit hook prolog-slurmctld | epilog-slurmctld | prolog | epilog`.
+
+Thin, stdlib-only entry points that Slurm runs once per job (per node for
+the node hooks). They read Slurm's environment (notes §5: no PATH, no GPU
+variables on the controller), ask `scontrol show job -d -o` for the GPU
+allocation, and talk to the resident `gpucredit daemon` (client.py).
+
+Exit codes, and why (notes §6):
+
+    prolog-slurmctld  0  hold taken, no GPUs, or ledger down under policy accept
+                      1  refused (or ledger down under policy reject): the job
+                         is put on hold with a reason first, because a bare
+                         non-zero exit only requeues it and it would loop
+    epilog-slurmctld  0  always (Slurm only logs its exit code; the bridge
+                         reconciles from sacct whatever was not settled)
+    prolog, epilog    0  always (a failing node hook drains the node)
+    any               2  bad usage (unknown hook name)
+
+Every run logs one line `gpucredit[<hook>] job=<id> run=<n>: ...` to stderr
+and syslog. A run is `(cluster, SLURM_JOB_ID, SLURM_JOB_RESTART_COUNT)`; the
+daemon is idempotent per run, so Slurm retrying a hook is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import syslog
+import tempfile
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from slurm_hooks.client import (
+    DEFAULT_SOCKET,
+    DEFAULT_TIMEOUT_SECONDS,
+    DaemonClient,
+    DaemonRefused,
+    DaemonUnreachable,
+)
+from slurm_hooks.scontrol import JobInfo, ScontrolParseError, parse_job
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "HOOKS",
+    "CommandError",
+    "HookConfig",
+    "hold_job_with_reason",
+    "load_config",
+    "main",
+    "registry_path",
+    "run_command",
+]
+
+DEFAULT_CONFIG = "/etc/gpucredit/gpucredit.toml"
+DEFAULT_BIN_DIR = "/usr/bin"
+DEFAULT_SPOOL_DIR = "/var/spool/gpucredit/jobs"
+DEFAULT_COMMAND_TIMEOUT_SECONDS = 10.0
+POLICIES = ("reject", "accept")
+
+HOOKS = ("prolog-slurmctld", "epilog-slurmctld", "prolog", "epilog")
+
+# What a user sees in `squeue`/`scontrol show job` when the ledger is down
+# and site policy holds GPU jobs.
+UNREACHABLE_REASON = "ledger unreachable; job held by site policy, ask your admin to release it"
+
+# Slurm's comment field is free text, but keep ours short and single-line.
+MAX_COMMENT_CHARS = 240
+
+Runner = Callable[[Sequence[str]], str]
+LogSink = Callable[[str], None]
+
+
+class CommandError(Exception):
+    """A Slurm command failed; carries the argv, exit status and stderr."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str) -> None:
+        status = "timed out" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{' '.join(argv)} {status}: {stderr.strip()[:200]}")
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def run_command(argv: Sequence[str], timeout: float = DEFAULT_COMMAND_TIMEOUT_SECONDS) -> str:
+    """Run a Slurm command (argv list, no shell); return stdout or raise CommandError."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+        raise CommandError(argv, None, stderr) from e
+    except OSError as e:
+        raise CommandError(argv, None, str(e)) from e
+    if done.returncode != 0:
+        raise CommandError(argv, done.returncode, done.stderr)
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    socket_path: str = DEFAULT_SOCKET
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    on_ledger_unreachable: str = "reject"
+    cluster: str | None = None
+    bin_dir: str = DEFAULT_BIN_DIR
+    spool_dir: str = DEFAULT_SPOOL_DIR
+
+    @property
+    def scontrol(self) -> str:
+        return os.path.join(self.bin_dir, "scontrol")
+
+
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = data.get(name, {})
+    return value if isinstance(value, Mapping) else {}
+
+
+def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
+    """The hook settings from GPUCREDIT_CONFIG (TOML), and any problems found.
+
+    A missing file means defaults. An unreadable file or a bad value also
+    falls back to the default (policy `reject`, the safe one) and is reported,
+    so a typo never silently turns the credit check off.
+    """
+    path = environ.get("GPUCREDIT_CONFIG") or DEFAULT_CONFIG
+    problems: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        data = {}
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        problems.append(f"cannot read {path} ({e}); using defaults")
+        data = {}
+    daemon, policy = _table(data, "daemon"), _table(data, "policy")
+    slurm, agent = _table(data, "slurm"), _table(data, "agent")
+    defaults = HookConfig()
+
+    def pick(table: Mapping[str, Any], key: str, default: Any, valid: Callable[[Any], bool]) -> Any:
+        if key not in table:
+            return default
+        if valid(table[key]):
+            return table[key]
+        problems.append(f"{path}: bad value {table[key]!r} for {key}; using {default!r}")
+        return default
+
+    def is_path(value: Any) -> bool:
+        return isinstance(value, str) and os.path.isabs(value)
+
+    def is_timeout(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 60
+
+    cluster = pick(slurm, "cluster", None, lambda v: isinstance(v, str) and v != "")
+    return (
+        HookConfig(
+            socket_path=pick(daemon, "socket", defaults.socket_path, is_path),
+            timeout_seconds=float(pick(daemon, "timeout_seconds", defaults.timeout_seconds, is_timeout)),
+            on_ledger_unreachable=pick(policy, "on_ledger_unreachable", "reject", lambda v: v in POLICIES),
+            cluster=cluster,
+            bin_dir=pick(slurm, "bin_dir", defaults.bin_dir, is_path),
+            spool_dir=pick(agent, "spool_dir", defaults.spool_dir, is_path),
+        ),
+        problems,
+    )
+
+
+def _comment_text(message: str) -> str:
+    # One line, no `Key=` text: scontrol prints the comment inside its
+    # `Key=Value` line, and scontrol.py refuses lines where a key repeats.
+    text = re.sub(r"\s+", " ", message).replace("=", ":").strip()
+    if len(text) > MAX_COMMENT_CHARS:
+        text = text[: MAX_COMMENT_CHARS - 3] + "..."
+    return f"gpucredit: {text}"
+
+
+def hold_job_with_reason(
+    job_id: int, message: str, *, bin_dir: str = DEFAULT_BIN_DIR, run: Runner = run_command
+) -> list[str]:
+    """Hold `job_id` and tell its owner why; return the failures (empty: done).
+
+    The one place that decides *how* a refused job is parked, so the
+    mechanism can change in one spot: for now `scontrol hold` plus the reason
+    in the job's comment (`squeue -O comment`, `scontrol show job`). Both
+    commands are tried even if one fails.
+    """
+    scontrol = os.path.join(bin_dir, "scontrol")
+    failures = []
+    for argv in (
+        [scontrol, "hold", str(job_id)],
+        [scontrol, "update", f"jobid={job_id}", f"comment={_comment_text(message)}"],
+    ):
+        try:
+            run(argv)
+        except CommandError as e:
+            failures.append(str(e))
+    return failures
+
+
+def registry_path(spool_dir: str, node: str, cluster: str, job_id: int, run: int) -> str:
+    """`<spool_dir>/<cluster>_<job_id>_<run>.json`; `%n` in spool_dir is the node name.
+
+    Several slurmd on one host (the test box, MULTIPLE_SLURMD) share a file
+    system: a spool_dir with `%n`, like SlurmdSpoolDir, keeps them apart.
+    """
+    directory = spool_dir.replace("%n", node)
+    safe_cluster = re.sub(r"[^A-Za-z0-9_.\-]", "_", cluster)
+    return os.path.join(directory, f"{safe_cluster}_{job_id}_{run}.json")
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int_env(environ: Mapping[str, str], key: str) -> int | None:
+    value = environ.get(key, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def _gpu_text(gpus: Mapping[str, int]) -> str:
+    return ",".join(f"{n}x{t}" for t, n in sorted(gpus.items()))
+
+
+def _stderr_and_syslog(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        syslog.openlog("gpucredit", syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_INFO, line)
+    except OSError:
+        pass
+
+
+@dataclass
+class _Hook:
+    """One hook invocation: its environment, settings and collaborators."""
+
+    name: str
+    environ: Mapping[str, str]
+    config: HookConfig
+    run: Runner
+    now: Callable[[], datetime]
+    sink: LogSink
+    tz: tzinfo | None
+    job_id: int
+    run_index: int
+    cluster: str
+
+    def log(self, message: str) -> None:
+        self.sink(f"gpucredit[{self.name}] job={self.job_id} run={self.run_index}: {message}")
+
+    def client(self) -> DaemonClient:
+        return DaemonClient(self.config.socket_path, self.config.timeout_seconds)
+
+    def show_job(self) -> JobInfo:
+        text = self.run([self.config.scontrol, "show", "job", "-d", "-o", str(self.job_id)])
+        return parse_job(text, job_id=self.job_id, tz=self.tz)
+
+    def hold_job(self, message: str) -> str:
+        failures = hold_job_with_reason(self.job_id, message, bin_dir=self.config.bin_dir, run=self.run)
+        return "job held" if not failures else "could not hold job: " + "; ".join(failures)
+
+    # --- PrologSlurmctld -------------------------------------------------
+
+    def prolog_slurmctld(self) -> int:
+        try:
+            job = self.show_job()
+        except ScontrolParseError as e:
+            # Never guess a GPU count or time limit: park the job instead.
+            outcome = self.hold_job(f"cannot read this job's GPU request ({e})")
+            self.log(f"scontrol output unreadable: {e}; {outcome}")
+            return 1
+        except CommandError as e:
+            return self._ledger_unreachable(f"scontrol failed: {e}")
+        if not job.gpus:
+            self.log("no GPUs requested; nothing to hold")
+            return 0
+        request = {
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "run": self.run_index,
+            "account": self.environ.get("SLURM_JOB_ACCOUNT") or job.account,
+            "user": self.environ.get("SLURM_JOB_USER") or job.user,
+            "partition": self.environ.get("SLURM_JOB_PARTITION") or job.partition,
+            "gpus": dict(sorted(job.gpus.items())),
+            "seconds": job.time_limit_seconds,
+            "nodes": job.num_nodes or _int_env(self.environ, "SLURM_JOB_NUM_NODES") or 1,
+        }
+        try:
+            hold = self.client().call("hold", **request)
+        except DaemonRefused as e:
+            outcome = self.hold_job(e.message)
+            self.log(f"refused ({e.code}): {e.message}; {outcome}")
+            return 1
+        except DaemonUnreachable as e:
+            return self._ledger_unreachable(str(e))
+        self.log(
+            f"hold {hold.get('id')} of {hold.get('amount')} credits for "
+            f"{_gpu_text(job.gpus)} x {job.time_limit_seconds}s on account {request['account']}"
+        )
+        return 0
+
+    def _ledger_unreachable(self, why: str) -> int:
+        if self.config.on_ledger_unreachable == "accept":
+            self.log(f"ledger unreachable ({why}); job runs by site policy (accept)")
+            return 0
+        outcome = self.hold_job(UNREACHABLE_REASON)
+        self.log(f"ledger unreachable ({why}); site policy is reject; {outcome}")
+        return 1
+
+    # --- EpilogSlurmctld -------------------------------------------------
+
+    def epilog_slurmctld(self) -> int:
+        start: datetime | None = None
+        end: datetime | None = None
+        note = ""
+        try:
+            job = self.show_job()
+        except (CommandError, ScontrolParseError) as e:
+            note = f" (scontrol failed: {e}; start left to the daemon)"
+        else:
+            if not job.gpus:
+                self.log("no GPUs; nothing to settle")
+                return 0
+            start, end = job.start_time, job.end_time
+        now = self.now()
+        # EpilogSlurmctld sees COMPLETING with the real EndTime; never settle
+        # a run as ending in the future.
+        if end is None or end > now:
+            end = now
+        if start is not None and start > end:
+            start = end
+        request = {
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "run": self.run_index,
+            "start": _iso(start) if start is not None else None,
+            "end": _iso(end),
+        }
+        try:
+            hold = self.client().call("settle", **request)
+        except DaemonRefused as e:
+            if e.code == "not_found":
+                self.log(f"no hold for this run; nothing to settle{note}")
+            else:
+                self.log(f"settle refused ({e.code}): {e.message}{note}")
+            return 0
+        except DaemonUnreachable as e:
+            self.log(f"ledger unreachable ({e}); the bridge will reconcile this run{note}")
+            return 0
+        self.log(
+            f"settled hold {hold.get('id')}: charged {hold.get('charged')} of "
+            f"{hold.get('amount')} credits ({request['start']} .. {request['end']}){note}"
+        )
+        return 0
+
+    # --- node Prolog / Epilog --------------------------------------------
+
+    def _node(self) -> str | None:
+        return self.environ.get("SLURMD_NODENAME") or None
+
+    def _record(self, node: str, gpus: Mapping[int, str]) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "run": self.run_index,
+            "node": node,
+            "gpus": {str(index): gpus[index] for index in sorted(gpus)},
+        }
+
+    def _notify(self, op: str, record: Mapping[str, Any]) -> str:
+        try:
+            self.client().call(op, **record)
+        except (DaemonRefused, DaemonUnreachable) as e:
+            return f"{op} not delivered ({e})"
+        return f"{op} sent"
+
+    def prolog(self) -> int:
+        node = self._node()
+        if node is None:
+            self.log("SLURMD_NODENAME not set; nothing registered")
+            return 0
+        try:
+            job = self.show_job()
+        except (CommandError, ScontrolParseError) as e:
+            self.log(f"scontrol failed ({e}); GPUs of node {node} not registered")
+            return 0
+        # Index -> type from scontrol: node-hook SLURM_JOB_GPUS is wrong for
+        # jobs with two GPU types in 22.05.
+        gpus = job.node_gpus.get(node, {})
+        if not gpus:
+            self.log(f"no GPUs on node {node}; nothing registered")
+            return 0
+        record = self._record(node, gpus)
+        path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
+        try:
+            _write_json_atomically(path, record)
+            written = f"registered {path}"
+        except OSError as e:
+            written = f"cannot write {path} ({e})"
+        sent = self._notify("job_started", record)
+        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {written}; {sent}")
+        return 0
+
+    def epilog(self) -> int:
+        node = self._node()
+        if node is None:
+            self.log("SLURMD_NODENAME not set; nothing to unregister")
+            return 0
+        path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
+        gpus: dict[int, str] | None = _read_registry(path)
+        source = f"removed {path}"
+        if gpus is None:
+            source = "no registry file"
+            try:
+                gpus = self.show_job().node_gpus.get(node, {})
+            except (CommandError, ScontrolParseError) as e:
+                self.log(f"no registry file and scontrol failed ({e}); nothing to unregister")
+                return 0
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            source = f"cannot remove {path} ({e})"
+        if not gpus:
+            self.log(f"no GPUs on node {node}; nothing to unregister")
+            return 0
+        record = self._record(node, gpus)
+        sent = self._notify("job_ended", record)
+        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {source}; {sent}")
+        return 0
+
+
+def _index_text(gpus: Mapping[str, str]) -> str:
+    return ",".join(f"{index}={gpu_type}" for index, gpu_type in gpus.items())
+
+
+def _write_json_atomically(path: str, record: Mapping[str, Any]) -> None:
+    # The node agent may read the spool while we write: it must see the whole
+    # file or none. Rewriting the same file when Slurm retries is harmless.
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _read_registry(path: str) -> dict[int, str] | None:
+    """The GPUs a node prolog registered, or None if there is no usable file."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    gpus = record.get("gpus") if isinstance(record, dict) else None
+    if not isinstance(gpus, dict):
+        return None
+    try:
+        return {int(index): str(gpu_type) for index, gpu_type in gpus.items()}
+    except ValueError:
+        return None
+
+
+_HANDLERS: dict[str, Callable[[_Hook], int]] = {
+    "prolog-slurmctld": _Hook.prolog_slurmctld,
+    "epilog-slurmctld": _Hook.epilog_slurmctld,
+    "prolog": _Hook.prolog,
+    "epilog": _Hook.epilog,
+}
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    runner: Runner | None = None,
+    now: Callable[[], datetime] | None = None,
+    log: LogSink | None = None,
+    tz: tzinfo | None = None,
+) -> int:
+    """Run one hook; `argv` is `[hook_name]`. Returns the process exit code.
+
+    The keyword arguments replace the process's environment, the Slurm
+    command runner, the clock, the log sink and scontrol's time zone (tests).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    sink = log or _stderr_and_syslog
+    if len(args) != 1 or args[0] not in _HANDLERS:
+        sink(f"gpucredit[hook]: usage: gpucredit hook {{{'|'.join(HOOKS)}}}, got {args!r}")
+        return 2
+    name = args[0]
+    env = os.environ if environ is None else environ
+    config, problems = load_config(env)
+    job_id = _int_env(env, "SLURM_JOB_ID")
+    run_index = _int_env(env, "SLURM_JOB_RESTART_COUNT") or 0
+    cluster = env.get("SLURM_CLUSTER_NAME") or config.cluster or "default"
+    for problem in problems:
+        sink(f"gpucredit[{name}] job={job_id} run={run_index}: config: {problem}")
+    if job_id is None:
+        sink(f"gpucredit[{name}] job=? run={run_index}: SLURM_JOB_ID not set; nothing to do")
+        return 2 if name == "prolog-slurmctld" else 0
+    hook = _Hook(
+        name=name,
+        environ=env,
+        config=config,
+        run=runner or (lambda argv: run_command(argv)),
+        now=now or (lambda: datetime.now(UTC)),
+        sink=sink,
+        tz=tz,
+        job_id=job_id,
+        run_index=run_index,
+        cluster=cluster,
+    )
+    try:
+        return _HANDLERS[name](hook)
+    except Exception as e:  # the process boundary: Slurm must get an exit code
+        hook.log(f"internal error {type(e).__name__}: {e}")
+        if name == "prolog-slurmctld":
+            return hook._ledger_unreachable(f"internal error {type(e).__name__}: {e}")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

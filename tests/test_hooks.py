@@ -1,0 +1,861 @@
+"""slurm_hooks/client.py and slurm_hooks/hooks.py against a fake daemon and a fake scontrol.
+
+The fake daemon is a real threaded Unix-socket server speaking the wire
+protocol (one JSON line in, one out); the fake scontrol answers only the
+exact argv it was told to expect. Hook environments are those of notes §5
+(no PATH, no GPU variables on the controller).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
+from slurm_hooks.hooks import (
+    UNREACHABLE_REASON,
+    CommandError,
+    hold_job_with_reason,
+    load_config,
+    main,
+    registry_path,
+    run_command,
+)
+
+NOW = datetime(2026, 12, 2, 10, 30, 0, tzinfo=UTC)
+SCONTROL = "/usr/bin/scontrol"
+
+HANG = object()  # responder result: never answer
+CLOSE = object()  # responder result: close without answering
+
+Responder = Callable[[dict[str, Any]], Any]
+
+
+# --- the fake daemon ---------------------------------------------------------------------
+
+
+class FakeDaemon:
+    """A threaded Unix-socket server; `responder(request)` decides each reply."""
+
+    def __init__(self, path: str, responder: Responder) -> None:
+        self.path = path
+        self.responder = responder
+        self.requests: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        daemon = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for raw in self.rfile:
+                    request = json.loads(raw)
+                    daemon.requests.append(request)
+                    reply = daemon.responder(request)
+                    if reply is HANG:
+                        daemon.release.wait(10)
+                        return
+                    if reply is CLOSE:
+                        return
+                    if not isinstance(reply, bytes):
+                        reply = (json.dumps(reply, ensure_ascii=True) + "\n").encode()
+                    self.wfile.write(reply)
+                    self.wfile.flush()
+                    if not reply.endswith(b"\n"):
+                        return  # a reply without its newline: close right after it
+
+        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def ok(result: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True, "result": result}
+
+
+def refused(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": code, "message": message, "details": details}}
+
+
+@pytest.fixture
+def sockdir(tmp_path: Path) -> Iterator[Path]:
+    # AF_UNIX paths are limited to ~107 bytes; long test names make tmp_path longer.
+    if len(str(tmp_path / "daemon.sock")) < 100:
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="gc-", dir="/tmp") as short:
+        yield Path(short)
+
+
+@pytest.fixture
+def fake_daemon(sockdir: Path) -> Iterator[Callable[[Responder], FakeDaemon]]:
+    started: list[FakeDaemon] = []
+
+    def start(responder: Responder) -> FakeDaemon:
+        daemon = FakeDaemon(str(sockdir / "daemon.sock"), responder)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def hold_object(**overrides: Any) -> dict[str, Any]:
+    hold = {
+        "id": "h-1",
+        "account": "physics",
+        "user": "alice",
+        "cluster": "lab",
+        "job_id": 5,
+        "run": 0,
+        "state": "active",
+        "amount": "1.40",
+        "charged": "0",
+        "expires_at": "2026-12-02T10:25:01Z",
+    }
+    hold.update(overrides)
+    return hold
+
+
+# --- DaemonClient ------------------------------------------------------------------------
+
+
+def test_client_returns_the_result(fake_daemon: Callable[[Responder], FakeDaemon]) -> None:
+    daemon = fake_daemon(lambda request: ok({"echo": request["op"], "n": request["n"]}))
+    result = DaemonClient(daemon.path, timeout=2).call("ping", n=3, text='a "b"\nc ü')
+    assert result == {"echo": "ping", "n": 3}
+    assert daemon.requests == [{"op": "ping", "n": 3, "text": 'a "b"\nc ü'}]
+
+
+def test_client_raises_refused_with_code_message_details(
+    fake_daemon: Callable[[Responder], FakeDaemon],
+) -> None:
+    daemon = fake_daemon(lambda _: refused("daily_cap", "30.4 > 30", current="14.4", cap="30"))
+    with pytest.raises(DaemonRefused) as info:
+        DaemonClient(daemon.path, timeout=2).call("hold")
+    assert info.value.code == "daily_cap"
+    assert info.value.message == "30.4 > 30"
+    assert info.value.details == {"current": "14.4", "cap": "30"}
+
+
+def test_client_unavailable_code_means_unreachable(
+    fake_daemon: Callable[[Responder], FakeDaemon],
+) -> None:
+    daemon = fake_daemon(lambda _: refused("unavailable", "database is down"))
+    with pytest.raises(DaemonUnreachable, match="database is down"):
+        DaemonClient(daemon.path, timeout=2).call("hold")
+
+
+def test_client_missing_socket(sockdir: Path) -> None:
+    with pytest.raises(DaemonUnreachable, match="cannot reach"):
+        DaemonClient(str(sockdir / "nothing.sock"), timeout=1).call("hold")
+
+
+def test_client_connection_refused(sockdir: Path) -> None:
+    path = str(sockdir / "dead.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+        bound.bind(path)  # a socket file nobody listens on: ECONNREFUSED
+        with pytest.raises(DaemonUnreachable, match="cannot reach"):
+            DaemonClient(path, timeout=1).call("hold")
+
+
+def test_client_timeout(fake_daemon: Callable[[Responder], FakeDaemon]) -> None:
+    daemon = fake_daemon(lambda _: HANG)
+    with pytest.raises(DaemonUnreachable, match="no reply"):
+        DaemonClient(daemon.path, timeout=0.2).call("hold")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"not json\n",
+        b"[1, 2]\n",
+        b'{"ok": true}\n',
+        b'{"ok": false, "error": "x"}\n',
+        b"\n",
+        CLOSE,
+        b'{"ok": true, "result": {"a": "\xff"}}\n',
+    ],
+)
+def test_client_garbled_reply(fake_daemon: Callable[[Responder], FakeDaemon], reply: Any) -> None:
+    daemon = fake_daemon(lambda _: reply)
+    with pytest.raises(DaemonUnreachable):
+        DaemonClient(daemon.path, timeout=1).call("hold")
+
+
+def test_client_accepts_a_reply_closed_without_newline(
+    fake_daemon: Callable[[Responder], FakeDaemon],
+) -> None:
+    daemon = fake_daemon(lambda _: b'{"ok": true, "result": {"x": 1}}')
+    assert DaemonClient(daemon.path, timeout=1).call("hold") == {"x": 1}
+
+
+def test_client_constructor_does_no_io() -> None:
+    client = DaemonClient("/nonexistent/daemon.sock", timeout=0.1)
+    assert (client.socket_path, client.timeout) == ("/nonexistent/daemon.sock", 0.1)
+
+
+def test_hook_modules_import_nothing_heavy() -> None:
+    code = (
+        "import sys, slurm_hooks.hooks, slurm_hooks.client, slurm_hooks.scontrol\n"
+        "heavy = {'click', 'sqlalchemy', 'psycopg', 'flask', 'ledger', 'alembic'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- fake Slurm --------------------------------------------------------------------------
+
+
+class FakeSlurm:
+    """Answers only the exact argv it was given; records every call."""
+
+    def __init__(self, answers: dict[tuple[str, ...], str | Exception]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Any) -> str:
+        argv = list(argv)
+        self.calls.append(argv)
+        answer = self.answers.get(tuple(argv))
+        if answer is None:
+            raise AssertionError(f"unexpected command {argv}")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def show(job_id: int) -> tuple[str, ...]:
+    return (SCONTROL, "show", "job", "-d", "-o", str(job_id))
+
+
+def hold_argv(job_id: int) -> tuple[str, ...]:
+    return (SCONTROL, "hold", str(job_id))
+
+
+def comment_argv(job_id: int, text: str) -> tuple[str, ...]:
+    return (SCONTROL, "update", f"jobid={job_id}", f"comment=gpucredit: {text}")
+
+
+def job_line(
+    job_id: int = 5,
+    *,
+    state: str = "CONFIGURING",
+    restarts: int = 0,
+    time_limit: str = "00:15:00",
+    start: str = "2026-12-02T10:00:01",
+    end: str = "2026-12-02T10:15:01",
+    tres: str = "cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1",
+    job_gres: str = "gpu:a100:1,gpu:h100:1",
+    groups: tuple[tuple[str, str], ...] = (("node1", "gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)"),),
+    node_list: str = "node1",
+) -> str:
+    """A `scontrol show job -d -o` line in Slurm 22.05.8's format."""
+    detail = " ".join(f"Nodes={n} CPU_IDs=0 Mem=0 GRES={g}" for n, g in groups)
+    return (
+        f"JobId={job_id} JobName=wrap UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A "
+        f"Priority=1 Nice=0 Account=physics QOS=normal JobState={state} Reason=None "
+        f"Dependency=(null) Requeue=1 Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode=0:0 "
+        f"DerivedExitCode=0:0 RunTime=00:00:00 TimeLimit={time_limit} TimeMin=N/A "
+        f"SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00 "
+        f"AccrueTime=2026-12-02T10:00:00 StartTime={start} EndTime={end} Deadline=N/A "
+        f"SuspendTime=None SecsPreSuspend=0 LastSchedEval={start} Scheduler=Main "
+        f"Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null) ExcNodeList=(null) "
+        f"NodeList={node_list} BatchHost=node1 NumNodes={len(groups) or 1} NumCPUs=1 "
+        f"NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES={tres} Socks/Node=* "
+        f"NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES={job_gres} {detail} MinCPUsNode=1 "
+        f"MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+        f"OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) "
+        f"WorkDir=/home/alice StdErr=/home/alice/slurm-{job_id}.out StdIn=/dev/null "
+        f"StdOut=/home/alice/slurm-{job_id}.out Power=\n"
+    )
+
+
+NO_GPU_LINE = job_line(30, tres="cpu=1,node=1,billing=1", job_gres="(null)", groups=(("node1", ""),))
+
+# sbatch -N 2 --gres=gpu:a100:1,gpu:h100:2: indices differ per node.
+MIXED_TWO_NODES = job_line(
+    12,
+    state="RUNNING",
+    tres="cpu=2,node=2,billing=102,gres/gpu=6,gres/gpu:a100=2,gres/gpu:h100=4",
+    job_gres="gpu:a100:2,gpu:h100:4",
+    groups=(
+        ("node1", "gpu:a100:1(IDX:0),gpu:h100:2(IDX:2-3)"),
+        ("node2", "gpu:a100:1(IDX:1),gpu:h100:2(IDX:2-3)"),
+    ),
+    node_list="node[1-2]",
+)
+
+
+@pytest.fixture
+def config(tmp_path: Path, sockdir: Path) -> Callable[..., str]:
+    def write(policy: str = "reject", timeout: float = 0.5) -> str:
+        path = tmp_path / "gpucredit.toml"
+        path.write_text(
+            "[daemon]\n"
+            f'socket = "{sockdir / "daemon.sock"}"\n'
+            f"timeout_seconds = {timeout}\n"
+            "[policy]\n"
+            f'on_ledger_unreachable = "{policy}"\n'
+            "[slurm]\n"
+            'bin_dir = "/usr/bin"\n'
+            'cluster = "fromconfig"\n'
+            "[agent]\n"
+            f'spool_dir = "{tmp_path / "spool" / "%n"}"\n'
+        )
+        return str(path)
+
+    return write
+
+
+def ctld_env(config_path: str, job_id: int = 5, restart: int = 0, **extra: str) -> dict[str, str]:
+    """PrologSlurmctld/EpilogSlurmctld environment (notes §5): no PATH, no GPU variables."""
+    env = {
+        "GPUCREDIT_CONFIG": config_path,
+        "SLURM_CLUSTER_NAME": "lab",
+        "SLURM_JOBID": str(job_id),
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_ACCOUNT": "physics",
+        "SLURM_JOB_CPUS_PER_NODE": "1",
+        "SLURM_JOB_GID": "1001",
+        "SLURM_JOB_GROUP": "alice",
+        "SLURM_JOB_NAME": "wrap",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_PARTITION": "debug",
+        "SLURM_JOB_RESTART_COUNT": str(restart),
+        "SLURM_JOB_STDIN": "/dev/null",
+        "SLURM_JOB_STDOUT": f"/home/alice/slurm-{job_id}.out",
+        "SLURM_JOB_UID": "1001",
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_WORK_DIR": "/home/alice",
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld",
+    }
+    env.update(extra)
+    return env
+
+
+def node_env(config_path: str, node: str, job_id: int = 12, restart: int = 0) -> dict[str, str]:
+    """Node Prolog/Epilog environment; SLURM_JOB_GPUS carries 22.05's wrong value."""
+    env = ctld_env(config_path, job_id, restart, SLURMD_NODENAME=node, SLURM_JOB_GPUS="2")
+    env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
+    del env["SLURM_JOB_NAME"], env["SLURM_JOB_GROUP"]
+    return env
+
+
+def _discard(line: str) -> None:
+    pass
+
+
+def run_hook(hook: str, env: dict[str, str], slurm: FakeSlurm) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    rc = main([hook], environ=env, runner=slurm, now=lambda: NOW, log=lines.append, tz=UTC)
+    return rc, lines
+
+
+# --- PrologSlurmctld ---------------------------------------------------------------------
+
+
+def test_prolog_slurmctld_takes_a_hold(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    slurm = FakeSlurm({show(5): job_line()})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 0
+    assert daemon.requests == [
+        {
+            "op": "hold",
+            "cluster": "lab",
+            "job_id": 5,
+            "run": 0,
+            "account": "physics",
+            "user": "alice",
+            "partition": "debug",
+            "gpus": {"a100": 1, "h100": 1},
+            "seconds": 900,
+            "nodes": 1,
+        }
+    ]
+    assert slurm.calls == [list(show(5))]
+    assert len(lines) == 1
+    assert lines[0].startswith("gpucredit[prolog-slurmctld] job=5 run=0: hold h-1 of 1.40 credits")
+
+
+def test_prolog_slurmctld_refusal_holds_the_job_with_the_reason(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    message = "needs 1.40 credits, 0.20 available in physics; top up at https://portal/physics"
+    daemon = fake_daemon(lambda _: refused("insufficient_credits", message))
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, message): ""})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 1
+    assert len(daemon.requests) == 1
+    assert slurm.calls == [list(show(5)), list(hold_argv(5)), list(comment_argv(5, message))]
+    assert lines == [
+        f"gpucredit[prolog-slurmctld] job=5 run=0: refused (insufficient_credits): {message}; job held"
+    ]
+
+
+def test_prolog_slurmctld_refusal_for_a_limit(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    message = "concurrent GPUs for alice: 5 > 4"
+    fake_daemon(lambda _: refused("concurrent_gpus", message, current=5, cap=4))
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, message): ""})
+    rc, _ = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 1
+    assert slurm.calls[1:] == [list(hold_argv(5)), list(comment_argv(5, message))]
+
+
+def test_prolog_slurmctld_unreachable_under_policy_reject(
+    config: Callable[..., str],
+) -> None:
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
+    assert rc == 1
+    assert slurm.calls == [list(show(5)), list(hold_argv(5)), list(comment_argv(5, UNREACHABLE_REASON))]
+    assert "ledger unreachable" in lines[0] and "site policy is reject; job held" in lines[0]
+
+
+def test_prolog_slurmctld_unreachable_under_policy_accept(config: Callable[..., str]) -> None:
+    slurm = FakeSlurm({show(5): job_line()})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept")), slurm)
+    assert rc == 0
+    assert slurm.calls == [list(show(5))]
+    assert "runs by site policy (accept)" in lines[0]
+
+
+def test_prolog_slurmctld_timeout_follows_policy(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    fake_daemon(lambda _: HANG)
+    slurm = FakeSlurm({show(5): job_line()})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept", timeout=0.2)), slurm)
+    assert rc == 0
+    assert "no reply" in lines[0]
+
+
+@pytest.mark.parametrize("reply", [b"garbage\n", refused("unavailable", "database down")])
+def test_prolog_slurmctld_garbled_or_unavailable_follows_policy(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], reply: Any
+) -> None:
+    fake_daemon(lambda _: reply)
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
+    assert rc == 1
+    assert slurm.calls[1] == list(hold_argv(5))
+
+
+def test_prolog_slurmctld_without_gpus_does_not_call_the_daemon(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    slurm = FakeSlurm({show(30): NO_GPU_LINE})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config(), job_id=30), slurm)
+    assert rc == 0
+    assert daemon.requests == []
+    assert lines == ["gpucredit[prolog-slurmctld] job=30 run=0: no GPUs requested; nothing to hold"]
+
+
+def test_prolog_slurmctld_second_run_unlimited_two_nodes(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object(job_id=12, run=2)))
+    line = MIXED_TWO_NODES.replace("TimeLimit=00:15:00", "TimeLimit=UNLIMITED")
+    slurm = FakeSlurm({show(12): line})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config(), job_id=12, restart=2), slurm)
+    assert rc == 0
+    request = daemon.requests[0]
+    assert (request["job_id"], request["run"]) == (12, 2)
+    assert request["gpus"] == {"a100": 2, "h100": 4}
+    assert request["seconds"] is None
+    assert request["nodes"] == 2
+    assert lines[0].startswith("gpucredit[prolog-slurmctld] job=12 run=2: ")
+
+
+def test_prolog_slurmctld_scontrol_failure_follows_policy(config: Callable[..., str]) -> None:
+    failure = CommandError(list(show(5)), 1, "slurm_load_jobs error: Socket timed out")
+    slurm = FakeSlurm({show(5): failure})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept")), slurm)
+    assert rc == 0
+    assert "scontrol failed" in lines[0]
+
+    slurm = FakeSlurm({show(5): failure, hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
+    assert rc == 1
+    assert slurm.calls[1] == list(hold_argv(5))
+
+
+def test_prolog_slurmctld_ambiguous_scontrol_holds_even_under_accept(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    # `sbatch -J "x TimeLimit=00:00:01"` must not shrink the hold.
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    sneaky = job_line().replace("JobName=wrap", "JobName=x TimeLimit=00:00:01")
+    calls: list[list[str]] = []
+
+    def runner(argv: Any) -> str:
+        argv = list(argv)
+        calls.append(argv)
+        if tuple(argv) == show(5):
+            return sneaky
+        if tuple(argv) == hold_argv(5) or argv[:3] == [SCONTROL, "update", "jobid=5"]:
+            return ""
+        raise AssertionError(f"unexpected command {argv}")
+
+    lines: list[str] = []
+    rc = main(
+        ["prolog-slurmctld"], environ=ctld_env(config("accept")), runner=runner, log=lines.append, tz=UTC
+    )
+    assert rc == 1
+    assert daemon.requests == []
+    assert calls[1] == list(hold_argv(5))
+    comment = calls[2][3]
+    assert comment.startswith("comment=gpucredit: cannot read this job's GPU request")
+    assert "=" not in comment[len("comment=") :]
+    assert "unreadable" in lines[0]
+
+
+def test_prolog_slurmctld_hold_command_failure_is_logged(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    fake_daemon(lambda _: refused("insufficient_credits", "no credit"))
+    slurm = FakeSlurm(
+        {
+            show(5): job_line(),
+            hold_argv(5): CommandError(list(hold_argv(5)), 1, "Job is no longer pending"),
+            comment_argv(5, "no credit"): "",
+        }
+    )
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 1
+    assert len(slurm.calls) == 3  # the comment is still written
+    assert "could not hold job" in lines[0] and "no longer pending" in lines[0]
+
+
+def test_prolog_slurmctld_internal_error_follows_policy(config: Callable[..., str]) -> None:
+    def broken(argv: Any) -> str:
+        if list(argv)[1] == "show":
+            raise RuntimeError("boom")
+        return ""
+
+    lines: list[str] = []
+    rc = main(
+        ["prolog-slurmctld"], environ=ctld_env(config("reject")), runner=broken, log=lines.append, tz=UTC
+    )
+    assert rc == 1
+    assert "internal error RuntimeError: boom" in lines[0]
+
+
+# --- EpilogSlurmctld ---------------------------------------------------------------------
+
+
+def test_epilog_slurmctld_settles_with_the_runs_real_times(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object(state="settled", charged="0.84")))
+    line = job_line(state="COMPLETING", end="2026-12-02T10:09:01")
+    slurm = FakeSlurm({show(5): line})
+    rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 0
+    assert daemon.requests == [
+        {
+            "op": "settle",
+            "cluster": "lab",
+            "job_id": 5,
+            "run": 0,
+            "start": "2026-12-02T10:00:01Z",
+            "end": "2026-12-02T10:09:01Z",
+        }
+    ]
+    assert lines == [
+        "gpucredit[epilog-slurmctld] job=5 run=0: settled hold h-1: charged 0.84 of 1.40 "
+        "credits (2026-12-02T10:00:01Z .. 2026-12-02T10:09:01Z)"
+    ]
+
+
+@pytest.mark.parametrize("end", ["Unknown", "2026-12-02T11:00:00"])
+def test_epilog_slurmctld_end_unknown_or_future_is_now(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], end: str
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object(state="settled")))
+    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", end=end)})
+    rc, _ = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 0
+    assert daemon.requests[0]["end"] == "2026-12-02T10:30:00Z"
+
+
+def test_epilog_slurmctld_requeued_run_uses_its_restart_count(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object(run=1)))
+    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", restarts=1)})
+    run_hook("epilog-slurmctld", ctld_env(config(), restart=1), slurm)
+    assert daemon.requests[0]["run"] == 1
+
+
+def test_epilog_slurmctld_not_found_is_fine(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    fake_daemon(lambda _: refused("not_found", "no hold for lab/5/0"))
+    slurm = FakeSlurm({show(5): job_line(state="COMPLETING")})
+    rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 0
+    assert lines == ["gpucredit[epilog-slurmctld] job=5 run=0: no hold for this run; nothing to settle"]
+
+
+def test_epilog_slurmctld_unreachable_exits_zero(config: Callable[..., str]) -> None:
+    slurm = FakeSlurm({show(5): job_line(state="COMPLETING")})
+    rc, lines = run_hook("epilog-slurmctld", ctld_env(config("reject")), slurm)
+    assert rc == 0
+    assert "the bridge will reconcile" in lines[0]
+
+
+def test_epilog_slurmctld_without_gpus_does_not_call(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    slurm = FakeSlurm({show(30): NO_GPU_LINE})
+    rc, _ = run_hook("epilog-slurmctld", ctld_env(config(), job_id=30), slurm)
+    assert rc == 0
+    assert daemon.requests == []
+
+
+def test_epilog_slurmctld_scontrol_failure_settles_at_now(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    slurm = FakeSlurm({show(5): CommandError(list(show(5)), 1, "Invalid job id")})
+    rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 0
+    assert daemon.requests[0]["start"] is None
+    assert daemon.requests[0]["end"] == "2026-12-02T10:30:00Z"
+    assert "start left to the daemon" in lines[0]
+
+
+# --- node Prolog / Epilog ---------------------------------------------------------------
+
+
+def test_node_hooks_register_mixed_type_gpus_per_node(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], tmp_path: Path
+) -> None:
+    daemon = fake_daemon(lambda _: ok({}))
+    slurm = FakeSlurm({show(12): MIXED_TWO_NODES})
+    cfg = config()
+    for node in ("node1", "node2"):
+        rc, lines = run_hook("prolog", node_env(cfg, node), slurm)
+        assert rc == 0, lines
+
+    node2_file = tmp_path / "spool" / "node2" / "lab_12_0.json"
+    assert json.loads(node2_file.read_text()) == {
+        "cluster": "lab",
+        "job_id": 12,
+        "run": 0,
+        "node": "node2",
+        "gpus": {"1": "a100", "2": "h100", "3": "h100"},
+    }
+    node1_file = tmp_path / "spool" / "node1" / "lab_12_0.json"
+    assert json.loads(node1_file.read_text())["gpus"] == {"0": "a100", "2": "h100", "3": "h100"}
+    assert [r["op"] for r in daemon.requests] == ["job_started", "job_started"]
+    assert daemon.requests[1] == {"op": "job_started", **json.loads(node2_file.read_text())}
+
+    # Slurm retrying the prolog rewrites the same file.
+    rc, _ = run_hook("prolog", node_env(cfg, "node2"), slurm)
+    assert rc == 0
+    assert json.loads(node2_file.read_text())["gpus"] == {"1": "a100", "2": "h100", "3": "h100"}
+    assert sorted(os.listdir(node2_file.parent)) == ["lab_12_0.json"]  # no temp files left
+
+    calls_before = len(slurm.calls)
+    rc, lines = run_hook("epilog", node_env(cfg, "node2"), slurm)
+    assert rc == 0
+    assert not node2_file.exists()
+    assert node1_file.exists()
+    assert len(slurm.calls) == calls_before  # the registry file answered, not scontrol
+    assert daemon.requests[-1] == {
+        "op": "job_ended",
+        "cluster": "lab",
+        "job_id": 12,
+        "run": 0,
+        "node": "node2",
+        "gpus": {"1": "a100", "2": "h100", "3": "h100"},
+    }
+    assert lines[0].startswith("gpucredit[epilog] job=12 run=0: node node2 GPUs 1=a100,2=h100,3=h100")
+
+    # Epilog again: no file, scontrol still knows the GPUs; still exit 0.
+    rc, _ = run_hook("epilog", node_env(cfg, "node2"), slurm)
+    assert rc == 0
+
+
+def test_node_prolog_with_daemon_down_still_registers(config: Callable[..., str], tmp_path: Path) -> None:
+    slurm = FakeSlurm({show(12): MIXED_TWO_NODES})
+    rc, lines = run_hook("prolog", node_env(config(), "node1"), slurm)
+    assert rc == 0
+    assert (tmp_path / "spool" / "node1" / "lab_12_0.json").exists()
+    assert "job_started not delivered" in lines[0]
+
+
+def test_node_prolog_on_a_node_without_gpus(config: Callable[..., str], tmp_path: Path) -> None:
+    slurm = FakeSlurm({show(30): NO_GPU_LINE})
+    rc, lines = run_hook("prolog", node_env(config(), "node1", job_id=30), slurm)
+    assert rc == 0
+    assert not (tmp_path / "spool").exists()
+    assert "no GPUs on node node1" in lines[0]
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_node_hooks_always_exit_zero(config: Callable[..., str], hook: str) -> None:
+    failure = CommandError(list(show(12)), 1, "Socket timed out")
+    rc, lines = run_hook(hook, node_env(config(), "node1"), FakeSlurm({show(12): failure}))
+    assert rc == 0
+    assert "scontrol failed" in lines[0]
+
+    def broken(argv: Any) -> str:
+        raise RuntimeError("boom")
+
+    assert main([hook], environ=node_env(config(), "node1"), runner=broken, log=_discard) == 0
+
+
+def test_node_prolog_unwritable_spool_still_exits_zero(config: Callable[..., str], tmp_path: Path) -> None:
+    (tmp_path / "spool").write_text("a file, not a directory")
+    slurm = FakeSlurm({show(12): MIXED_TWO_NODES})
+    rc, lines = run_hook("prolog", node_env(config(), "node1"), slurm)
+    assert rc == 0
+    assert "cannot write" in lines[0]
+
+
+# --- main, config, helpers ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [[], ["nope"], ["prolog", "extra"]])
+def test_bad_usage_exits_two(argv: list[str]) -> None:
+    lines: list[str] = []
+    assert main(argv, environ={}, runner=FakeSlurm({}), log=lines.append) == 2
+    assert "usage" in lines[0]
+
+
+def test_missing_job_id(config: Callable[..., str]) -> None:
+    env = ctld_env(config())
+    del env["SLURM_JOB_ID"]
+    assert main(["prolog-slurmctld"], environ=env, runner=FakeSlurm({}), log=_discard) == 2
+    assert main(["epilog"], environ=env, runner=FakeSlurm({}), log=_discard) == 0
+
+
+def test_cluster_falls_back_to_the_config(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    env = ctld_env(config())
+    del env["SLURM_CLUSTER_NAME"]
+    run_hook("prolog-slurmctld", env, FakeSlurm({show(5): job_line()}))
+    assert daemon.requests[0]["cluster"] == "fromconfig"
+
+
+def test_load_config_defaults_when_missing(tmp_path: Path) -> None:
+    cfg, problems = load_config({"GPUCREDIT_CONFIG": str(tmp_path / "none.toml")})
+    assert problems == []
+    assert cfg.socket_path == "/run/gpucredit/daemon.sock"
+    assert cfg.timeout_seconds == 2.0
+    assert cfg.on_ledger_unreachable == "reject"
+    assert cfg.scontrol == "/usr/bin/scontrol"
+    assert cfg.spool_dir == "/var/spool/gpucredit/jobs"
+
+
+def test_load_config_bad_values_fall_back_to_safe_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        '[policy]\non_ledger_unreachable = "yes"\n[daemon]\ntimeout_seconds = -1\n'
+        'socket = "relative.sock"\n[slurm]\nbin_dir = 5\n'
+    )
+    cfg, problems = load_config({"GPUCREDIT_CONFIG": str(path)})
+    assert cfg.on_ledger_unreachable == "reject"
+    assert cfg.timeout_seconds == 2.0
+    assert cfg.socket_path == "/run/gpucredit/daemon.sock"
+    assert cfg.bin_dir == "/usr/bin"
+    assert len(problems) == 4
+
+
+def test_unreadable_config_is_reported_in_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[daemon\n")
+    cfg, problems = load_config({"GPUCREDIT_CONFIG": str(path)})
+    assert cfg.on_ledger_unreachable == "reject"
+    assert "cannot read" in problems[0]
+    lines: list[str] = []
+    env = ctld_env(str(path), job_id=30)
+    main(["epilog"], environ=env, runner=FakeSlurm({show(30): NO_GPU_LINE}), log=lines.append)
+    assert "config: cannot read" in lines[0]
+
+
+def test_hold_job_with_reason_argv_and_comment_cleanup() -> None:
+    slurm = FakeSlurm(
+        {
+            ("/opt/slurm/bin/scontrol", "hold", "7"): "",
+            (
+                "/opt/slurm/bin/scontrol",
+                "update",
+                "jobid=7",
+                "comment=gpucredit: daily cap: spent:30.4 cap:30 (see portal)",
+            ): "",
+        }
+    )
+    failures = hold_job_with_reason(
+        7, "daily cap:\n  spent=30.4 cap=30\t(see portal)", bin_dir="/opt/slurm/bin", run=slurm
+    )
+    assert failures == []
+    assert len(slurm.calls) == 2
+
+
+def test_hold_job_with_reason_truncates_long_messages() -> None:
+    seen: list[list[str]] = []
+
+    def record(argv: Any) -> str:
+        seen.append(list(argv))
+        return ""
+
+    hold_job_with_reason(1, "x" * 1000, run=record)
+    comment = seen[1][3]
+    assert comment.startswith("comment=gpucredit: xxx") and comment.endswith("...")
+    assert len(comment) < 300
+
+
+def test_registry_path() -> None:
+    assert registry_path("/var/spool/gpucredit/jobs", "node1", "lab", 12, 0) == (
+        "/var/spool/gpucredit/jobs/lab_12_0.json"
+    )
+    assert registry_path("/spool/%n", "node2", "a/b", 3, 1) == "/spool/node2/a_b_3_1.json"
+
+
+def test_run_command_returns_stdout_and_raises_with_stderr() -> None:
+    assert run_command(["/bin/echo", "hi"]) == "hi\n"
+    with pytest.raises(CommandError) as info:
+        run_command(["/bin/sh", "-c", "echo oops >&2; exit 3"])
+    assert info.value.returncode == 3
+    assert info.value.argv == ["/bin/sh", "-c", "echo oops >&2; exit 3"]
+    assert "oops" in str(info.value)
+    with pytest.raises(CommandError):
+        run_command(["/nonexistent/scontrol", "show", "job"])
+    with pytest.raises(CommandError, match="timed out"):
+        run_command(["/bin/sleep", "5"], timeout=0.1)

@@ -1,0 +1,477 @@
+"""job_submit/job_submit.lua under the lua5.1 interpreter, against a fake daemon.
+
+The `slurm` table is stubbed the way Slurm 22.05 builds it (log_user/log_info/
+log_error are `string.format` wrappers; SUCCESS=0, ERROR=-1), job_desc and
+the partition records behave like userdata (fields by name; pairs() sees
+nothing), and the daemon is a real threaded Unix-socket server.
+
+Needs `lua5.1` and `lua-socket` (apt-get install lua5.1 lua-socket): skipped
+with a hint where they are missing, a failure under CI (env CI set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socketserver
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "job_submit" / "job_submit.lua"
+NO_VAL = 4294967294
+INFINITE = 4294967295
+UNAVAILABLE = (
+    "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy; "
+    "try again shortly or contact your admin"
+)
+HANG = object()
+
+Responder = Callable[[dict[str, Any]], Any]
+
+
+def _lua_problem() -> str | None:
+    lua = shutil.which("lua5.1")
+    if lua is None:
+        return "lua5.1 interpreter not found (apt-get install lua5.1)"
+    probe = subprocess.run(
+        [lua, "-e", 'require("socket"); require("socket.unix")'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"luasocket not usable from lua5.1 (apt-get install lua-socket): {probe.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lua_available() -> None:
+    problem = _lua_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"required for CI: {problem}")
+    pytest.skip(problem)
+
+
+# --- fake daemon -----------------------------------------------------------------------
+
+
+class FakeDaemon:
+    def __init__(self, path: str, responder: Responder) -> None:
+        self.path = path
+        self.responder = responder
+        self.requests: list[dict[str, Any]] = []
+        self.raw_requests: list[bytes] = []
+        self.release = threading.Event()
+        daemon = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for raw in self.rfile:
+                    daemon.raw_requests.append(raw)
+                    request = json.loads(raw)
+                    daemon.requests.append(request)
+                    reply = daemon.responder(request)
+                    if reply is HANG:
+                        daemon.release.wait(10)
+                        return
+                    if not isinstance(reply, bytes):
+                        reply = (json.dumps(reply, ensure_ascii=True) + "\n").encode()
+                    self.wfile.write(reply)
+                    self.wfile.flush()
+
+        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def sockdir(tmp_path: Path) -> Iterator[Path]:
+    if len(str(tmp_path / "daemon.sock")) < 100:
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="gc-", dir="/tmp") as short:
+        yield Path(short)
+
+
+@pytest.fixture
+def fake_daemon(sockdir: Path) -> Iterator[Callable[[Responder], FakeDaemon]]:
+    started: list[FakeDaemon] = []
+
+    def start(responder: Responder) -> FakeDaemon:
+        daemon = FakeDaemon(str(sockdir / "daemon.sock"), responder)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def decision(verdict: str, message: str) -> dict[str, Any]:
+    return {"ok": True, "result": {"decision": verdict, "message": message}}
+
+
+# --- running the script -----------------------------------------------------------------
+
+
+def lua_literal(value: Any) -> str:
+    """A Lua expression for `value`; strings byte-exact via decimal escapes."""
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if isinstance(value, bytes):
+        return '"' + "".join(f"\\{b:03d}" for b in value) + '"'
+    if isinstance(value, dict):
+        items = ",".join(f"[{lua_literal(k)}]={lua_literal(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    raise TypeError(value)
+
+
+DRIVER = r"""
+local captured = { USER = {}, INFO = {}, ERROR = {} }
+local function capture(kind)
+    -- Slurm's own definition: slurm.user_msg(string.format(unpack({...})))
+    return function(...) table.insert(captured[kind], string.format(...)) end
+end
+slurm = {
+    SUCCESS = 0, ERROR = -1, FAILURE = -1, NO_VAL = 4294967294, INFINITE = 4294967295,
+    log_user = capture("USER"), log_info = capture("INFO"), log_error = capture("ERROR"),
+}
+%(prelude)s
+local loaded = dofile(%(script)s)
+
+local function userdata_like(fields)
+    return setmetatable({}, {
+        __index = fields,
+        __newindex = function(_, key) error("job_desc." .. key .. " written") end,
+    })
+end
+local job_desc = userdata_like(%(job_desc)s)
+local part_list = {}
+for name, fields in pairs(%(partitions)s) do
+    part_list[name] = userdata_like(fields)
+end
+
+local rc = slurm_job_submit(job_desc, part_list, 1001)
+local modify_rc = slurm_job_modify(job_desc, job_desc, part_list, 0)
+local function hex(s)
+    return (s:gsub(".", function(c) return string.format("%%02x", c:byte()) end))
+end
+print("LOADED " .. tostring(loaded))
+print("RC " .. tostring(rc))
+print("MODIFY " .. tostring(modify_rc))
+for _, kind in ipairs({ "USER", "INFO", "ERROR" }) do
+    for _, message in ipairs(captured[kind]) do
+        print(kind .. " " .. hex(message))
+    end
+end
+"""
+
+
+@dataclass
+class Outcome:
+    loaded: int
+    rc: int
+    modify_rc: int
+    user: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+    error: list[str] = field(default_factory=list)
+
+
+JOB_DESC: dict[str, Any] = {
+    # sbatch -p debug --gres=gpu:h100:2 -t 2:00:00 (user alice, no -A)
+    "user_name": "alice",
+    "user_id": 1001,
+    "group_id": 1001,
+    "default_account": "physics",
+    "partition": "debug",
+    "tres_per_node": "gres:gpu:h100:2",
+    "gres": "gres:gpu:h100:2",
+    "time_limit": 120,
+    "num_tasks": NO_VAL,
+    "min_nodes": NO_VAL,
+    "cpus_per_task": 65534,
+    "name": "train",
+    "script": "#!/bin/sh\nsrun python train.py\n",
+}
+PARTITIONS: dict[str, Any] = {
+    "debug": {"name": "debug", "default_time": NO_VAL, "max_time": INFINITE, "flag_default": 1},
+    "long": {"name": "long", "default_time": 60, "max_time": 2880, "flag_default": 0},
+}
+
+
+def run_script(
+    tmp_path: Path,
+    socket_path: str,
+    *,
+    policy: str = "reject",
+    timeout: str = "1.0",
+    job_desc: dict[str, Any] | None = None,
+    partitions: dict[str, Any] | None = None,
+    prelude: str = "",
+    substitute: bool = True,
+) -> Outcome:
+    text = SCRIPT.read_text()
+    if substitute:
+        text = text.replace("@SOCKET@", socket_path).replace("@POLICY@", policy).replace("@TIMEOUT@", timeout)
+    script = tmp_path / "job_submit.lua"
+    script.write_text(text)
+    driver = tmp_path / "driver.lua"
+    driver.write_text(
+        DRIVER
+        % {
+            "prelude": prelude,
+            "script": lua_literal(str(script)),
+            "job_desc": lua_literal(JOB_DESC if job_desc is None else job_desc),
+            "partitions": lua_literal(PARTITIONS if partitions is None else partitions),
+        }
+    )
+    done = subprocess.run(["lua5.1", str(driver)], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    values: dict[str, int] = {}
+    logs: dict[str, list[str]] = {"USER": [], "INFO": [], "ERROR": []}
+    for line in done.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in logs:
+            logs[kind].append(bytes.fromhex(rest).decode("utf-8"))
+        else:
+            values[kind] = int(rest)
+    return Outcome(
+        values["LOADED"], values["RC"], values["MODIFY"], logs["USER"], logs["INFO"], logs["ERROR"]
+    )
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+def test_reject_prints_the_message_and_returns_error(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    message = (
+        "gpucredit: job needs ~14.40 credits (2×h100 × 2 h), 3.00 available in physics; "
+        "top up at https://portal.example/accounts/physics"
+    )
+    daemon = fake_daemon(lambda _: decision("reject", message))
+    outcome = run_script(tmp_path, daemon.path)
+    assert outcome.loaded == 0
+    assert outcome.rc == -1
+    assert outcome.user == [message]
+    assert outcome.info == [f"gpucredit: user alice: refused: {message}"]
+    assert outcome.error == []
+    assert outcome.modify_rc == 0
+
+
+def test_accept_with_an_estimate(fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path) -> None:
+    message = "gpucredit: ~14.40 credits (2×h100 × 2 h), 112.40 available in physics"
+    daemon = fake_daemon(lambda _: decision("accept", message))
+    outcome = run_script(tmp_path, daemon.path)
+    assert (outcome.rc, outcome.user, outcome.error) == (0, [message], [])
+
+
+def test_accept_silently(fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ""))
+    outcome = run_script(tmp_path, daemon.path, job_desc={**JOB_DESC, "tres_per_node": None})
+    assert (outcome.rc, outcome.user, outcome.error) == (0, [], [])
+    assert "tres_per_node" not in daemon.requests[0]  # jobs without GPUs are forwarded too
+
+
+def test_request_carries_the_exact_raw_fields(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ""))
+    job_desc = {
+        **JOB_DESC,
+        "account": "research",
+        "tres_per_job": "gres:gpu:a100:2",
+        "tres_per_task": "gres:gpu:a100:1",
+        "array_inx": "0-15%4",
+        "num_tasks": 4,
+        "min_nodes": 2,
+        "time_limit": NO_VAL,
+    }
+    run_script(tmp_path, daemon.path, job_desc=job_desc)
+    assert daemon.requests == [
+        {
+            "op": "submit",
+            "user_name": "alice",
+            "user_id": 1001,
+            "account": "research",
+            "default_account": "physics",
+            "partition": "debug",
+            "tres_per_node": "gres:gpu:h100:2",
+            "tres_per_job": "gres:gpu:a100:2",
+            "tres_per_task": "gres:gpu:a100:1",
+            "time_limit": NO_VAL,
+            "num_tasks": 4,
+            "min_nodes": 2,
+            "array_inx": "0-15%4",
+            "partitions": {
+                "debug": {"default_time": NO_VAL, "max_time": INFINITE, "default": True},
+                "long": {"default_time": 60, "max_time": 2880, "default": False},
+            },
+        }
+    ]
+    # One line, keys in a fixed order.
+    assert daemon.raw_requests[0].startswith(b'{"op":"submit","user_name":"alice","user_id":1001,')
+    assert daemon.raw_requests[0].endswith(b"}\n")
+
+
+def test_nil_fields_are_left_out(fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ""))
+    job_desc = {"user_name": "alice", "user_id": 1001, "time_limit": NO_VAL}
+    run_script(tmp_path, daemon.path, job_desc=job_desc, partitions={})
+    assert daemon.requests == [
+        {"op": "submit", "user_name": "alice", "user_id": 1001, "time_limit": NO_VAL, "partitions": {}}
+    ]
+
+
+def test_request_strings_are_escaped(fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ""))
+    job_desc = {
+        **JOB_DESC,
+        "user_name": 'o"brien\\x\n\t\x01ü€𝄞',
+        "array_inx": b"bad\xffbyte",  # not UTF-8: replaced, not forwarded raw
+        "partition": "a,b",
+    }
+    run_script(tmp_path, daemon.path, job_desc=job_desc, partitions={'p"1': {"max_time": 5}})
+    request = daemon.requests[0]
+    assert request["user_name"] == 'o"brien\\x\n\t\x01ü€𝄞'
+    assert request["array_inx"] == "bad\ufffdbyte"
+    assert request["partition"] == "a,b"
+    assert request["partitions"] == {'p"1': {"max_time": 5}}
+
+
+def test_message_with_quotes_newlines_and_unicode_round_trips(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    message = 'say "hi"\nback\\slash\ttab 100% sure %s %d ü € 𝄞 \x01 / end'
+    daemon = fake_daemon(lambda _: decision("reject", message))
+    outcome = run_script(tmp_path, daemon.path)
+    assert outcome.rc == -1
+    assert outcome.user == [message]
+
+
+def test_reply_escapes_and_extra_fields_are_decoded(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    raw = (
+        b'{ "ok" : true , "result" : { "decision" : "accept", '
+        b'"message" : "a\\/b\\u00e9\\ud834\\udd1e\\b\\f\\r|\\ud800x",'
+        b' "estimate": {"credits": "14.40", "gpus": [1, 2.5e0, -3], "x": null, "y": false},'
+        b' "empty": {}, "list": [] } }\r\n'
+    )
+    daemon = fake_daemon(lambda _: raw)
+    outcome = run_script(tmp_path, daemon.path)
+    assert outcome.rc == 0
+    assert outcome.user == ["a/bé𝄞\b\f\r|\ufffdx"]
+
+
+# --- failures follow the policy -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["reject", "accept"])
+def test_daemon_down_follows_policy(sockdir: Path, tmp_path: Path, policy: str) -> None:
+    outcome = run_script(tmp_path, str(sockdir / "nobody.sock"), policy=policy)
+    if policy == "reject":
+        assert outcome.rc == -1
+        assert outcome.user == [UNAVAILABLE]
+        assert len(outcome.error) == 1
+        assert outcome.error[0].startswith("gpucredit: credit check failed (cannot connect to ")
+        assert outcome.error[0].endswith("; job refused by site policy")
+    else:
+        assert outcome.rc == 0
+        assert outcome.user == []
+        assert outcome.error == []
+        assert "job accepted by site policy" in outcome.info[0]
+
+
+@pytest.mark.parametrize("policy", ["reject", "accept"])
+def test_daemon_timeout_follows_policy(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path, policy: str
+) -> None:
+    daemon = fake_daemon(lambda _: HANG)
+    outcome = run_script(tmp_path, daemon.path, policy=policy, timeout="0.3")
+    assert outcome.rc == (-1 if policy == "reject" else 0)
+    assert "timeout" in (outcome.error + outcome.info)[0]
+    assert len(daemon.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"DENY\n",
+        b'{"ok": true, "result": {"decision": "maybe", "message": "?"}}\n',
+        b'{"ok": true, "result": {"decision": "accept"}} trailing\n',
+        b'{"ok": false, "error": {"code": "internal", "message": "boom"}}\n',
+        b'{"ok": true, "result": {"decision": "accept", "message": "unterminated}}\n',
+        b'{"ok": true, "result": "accept"}\n',
+        b"[1, 2]\n",
+        b"\n",
+    ],
+)
+def test_garbled_or_error_reply_follows_policy(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path, reply: bytes
+) -> None:
+    daemon = fake_daemon(lambda _: reply)
+    outcome = run_script(tmp_path, daemon.path, policy="reject")
+    assert outcome.rc == -1
+    assert outcome.user == [UNAVAILABLE]
+    outcome = run_script(tmp_path, daemon.path, policy="accept")
+    assert outcome.rc == 0
+    assert outcome.user == []
+
+
+def test_missing_luasocket_still_loads_and_follows_policy(tmp_path: Path, sockdir: Path) -> None:
+    prelude = 'package.path = ""; package.cpath = ""'
+    outcome = run_script(tmp_path, str(sockdir / "x.sock"), prelude=prelude)
+    assert outcome.loaded == 0
+    assert outcome.rc == -1
+    assert "luasocket" in outcome.error[0]
+    outcome = run_script(tmp_path, str(sockdir / "x.sock"), policy="accept", prelude=prelude)
+    assert outcome.rc == 0
+
+
+def test_unknown_policy_value_fails_closed(sockdir: Path, tmp_path: Path) -> None:
+    outcome = run_script(tmp_path, str(sockdir / "nobody.sock"), policy="Accept ")
+    assert outcome.rc == -1
+
+
+def test_unsubstituted_placeholders_use_the_defaults(tmp_path: Path) -> None:
+    if os.path.exists("/run/gpucredit/daemon.sock"):
+        pytest.skip("a daemon socket exists at the default path on this machine")
+    outcome = run_script(tmp_path, "", substitute=False)
+    assert outcome.loaded == 0
+    assert outcome.rc == -1  # default policy: reject
+    assert "/run/gpucredit/daemon.sock" in outcome.error[0]
+    assert outcome.user == [UNAVAILABLE]
+
+
+def test_script_is_valid_lua_as_shipped() -> None:
+    check = f"assert(loadfile({lua_literal(str(SCRIPT))}))"
+    done = subprocess.run(["lua5.1", "-e", check], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,435 @@
+"""slurm_hooks/scontrol.py on `scontrol show job -d -o` lines in Slurm 22.05.8's format.
+
+SINGLE is the notes §5 job (--gres=gpu:a100:1,gpu:h100:1, CONFIGURING inside
+PrologSlurmctld); the others are written in the same format: a two-node job
+with both types, untyped requests, an array task, a COMPLETING job as
+EpilogSlurmctld sees it, and free text with spaces and `=`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from slurm_hooks.scontrol import (
+    JobInfo,
+    ScontrolParseError,
+    expand_hostlist,
+    parse_gpu_tres,
+    parse_index_list,
+    parse_job,
+    parse_job_gres,
+    parse_line,
+    parse_node_gres,
+    parse_time_limit,
+    parse_timestamp,
+)
+
+
+def line(*parts: str) -> str:
+    return " ".join(parts) + "\n"
+
+
+SINGLE = line(
+    "JobId=5 JobName=wrap UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A",
+    "Priority=4294901756 Nice=0 Account=physics QOS=normal JobState=CONFIGURING Reason=None",
+    "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0",
+    "DerivedExitCode=0:0 RunTime=00:00:00 TimeLimit=00:15:00 TimeMin=N/A",
+    "SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00",
+    "AccrueTime=2026-12-02T10:00:00 StartTime=2026-12-02T10:00:01 EndTime=2026-12-02T10:15:01",
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T10:00:01",
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null)",
+    "ExcNodeList=(null) NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1",
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:*",
+    "TRES=cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1",
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES=gpu:a100:1,gpu:h100:1",
+    "Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)",
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00",
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/root",
+    "StdErr=/root/slurm-5.out StdIn=/dev/null StdOut=/root/slurm-5.out Power=",
+    "TresPerNode=gres:gpu:a100:1,gres:gpu:h100:1",
+)
+
+# sbatch -N 2 --gres=gpu:a100:1,gpu:h100:2 -t 1-02:03:04 -J "train big model" --comment "run 7"
+TWO_NODES = line(
+    "JobId=12 JobName=train big model UserId=bob(1002) GroupId=bob(1002) MCS_label=N/A",
+    "Priority=4294901750 Nice=0 Account=research QOS=normal JobState=RUNNING Reason=None",
+    "Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0",
+    "DerivedExitCode=0:0 RunTime=00:01:10 TimeLimit=1-02:03:04 TimeMin=N/A",
+    "SubmitTime=2026-12-02T09:00:00 EligibleTime=2026-12-02T09:00:00",
+    "AccrueTime=2026-12-02T09:00:00 StartTime=2026-12-02T09:30:00 EndTime=2026-12-03T11:33:04",
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T09:30:00",
+    "Scheduler=Backfill Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null)",
+    "ExcNodeList=(null) NodeList=node[1-2] BatchHost=node1 NumNodes=2 NumCPUs=2 NumTasks=2",
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:*",
+    "TRES=cpu=2,node=2,billing=102,gres/gpu=6,gres/gpu:a100=2,gres/gpu:h100=4",
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*",
+    "JOB_GRES=gpu:a100:2,gpu:h100:4",
+    "Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:0),gpu:h100:2(IDX:2-3)",
+    "Nodes=node2 CPU_IDs=1 Mem=0 GRES=gpu:a100:1(IDX:1),gpu:h100:2(IDX:2-3)",
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00",
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
+    "Command=/home/bob/train.sh --lr=0.1 --name x WorkDir=/home/bob/my runs",
+    "Comment=run 7 StdErr=/home/bob/slurm-12.out StdIn=/dev/null",
+    "StdOut=/home/bob/slurm-12.out Power= TresPerNode=gres:gpu:a100:1,gres:gpu:h100:2",
+)
+
+# Two nodes with identical allocations are printed as one hostlist group.
+GROUPED = line(
+    "JobId=13 JobName=wrap UserId=bob(1002) GroupId=bob(1002) MCS_label=N/A",
+    "Priority=1 Nice=0 Account=research QOS=normal JobState=RUNNING Reason=None",
+    "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0",
+    "DerivedExitCode=0:0 RunTime=00:00:05 TimeLimit=02:00:00 TimeMin=N/A",
+    "SubmitTime=2026-12-02T09:00:00 EligibleTime=2026-12-02T09:00:00",
+    "AccrueTime=2026-12-02T09:00:00 StartTime=2026-12-02T09:00:01 EndTime=2026-12-02T11:00:01",
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T09:00:01",
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null)",
+    "ExcNodeList=(null) NodeList=node[1-2] BatchHost=node1 NumNodes=2 NumCPUs=2 NumTasks=2",
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=2,node=2,billing=82,gres/gpu=4,gres/gpu:h100=4",
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES=gpu:h100:4",
+    "Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=gpu:h100:2(IDX:2-3)",
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00",
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null)",
+    "WorkDir=/home/bob StdErr=/home/bob/slurm-13.out StdIn=/dev/null",
+    "StdOut=/home/bob/slurm-13.out Power= TresPerNode=gres:gpu:h100:2",
+)
+
+# sbatch --gpus=2 -t 30 on a node with typed GPUs: Slurm picks the types.
+UNTYPED_REQUEST = line(
+    "JobId=20 JobName=wrap UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A",
+    "Priority=1 Nice=0 Account=physics QOS=normal JobState=CONFIGURING Reason=None",
+    "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0",
+    "DerivedExitCode=0:0 RunTime=00:00:00 TimeLimit=00:30:00 TimeMin=N/A",
+    "SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00",
+    "AccrueTime=2026-12-02T10:00:00 StartTime=2026-12-02T10:00:00 EndTime=2026-12-02T10:30:00",
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T10:00:00",
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null)",
+    "ExcNodeList=(null) NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1",
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:*",
+    "TRES=cpu=1,node=1,billing=21,gres/gpu=2,gres/gpu:a100=2",
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES=gpu:a100:2",
+    "Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0-1)",
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00",
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null)",
+    "WorkDir=/root StdErr=/root/slurm-20.out StdIn=/dev/null StdOut=/root/slurm-20.out",
+    "Power= TresPerJob=gres:gpu:2",
+)
+
+# EpilogSlurmctld: COMPLETING, real EndTime, array task, node without GPU types.
+COMPLETING_ARRAY = line(
+    "JobId=8 ArrayJobId=6 ArrayTaskId=1 JobName=sweep UserId=alice(1001)",
+    "GroupId=alice(1001) MCS_label=N/A Priority=1 Nice=0 Account=physics QOS=normal",
+    "JobState=COMPLETING Reason=NonZeroExitCode Dependency=(null) Requeue=1 Restarts=1",
+    "BatchFlag=1 Reboot=0 ExitCode=3:0 DerivedExitCode=0:0 RunTime=00:00:42",
+    "TimeLimit=UNLIMITED TimeMin=N/A SubmitTime=2026-12-02T10:00:00",
+    "EligibleTime=2026-12-02T10:00:00 AccrueTime=2026-12-02T10:00:00",
+    "StartTime=2026-12-02T10:05:00 EndTime=2026-12-02T10:05:42 Deadline=N/A",
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T10:05:00 Scheduler=Main",
+    "Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null) ExcNodeList=(null)",
+    "NodeList=gpu07 BatchHost=gpu07 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1",
+    "ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1,gres/gpu=1 Socks/Node=*",
+    "NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES=gpu:1 Nodes=gpu07 CPU_IDs=0 Mem=0",
+    "GRES=gpu:1(IDX:3) MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null)",
+    "DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
+    "Command=(null) WorkDir=/home/alice StdErr=/home/alice/slurm-6_1.out StdIn=/dev/null",
+    "StdOut=/home/alice/slurm-6_1.out Power= TresPerNode=gres:gpu:1",
+)
+
+NO_GPUS = line(
+    "JobId=30 JobName=cpu only UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A",
+    "Priority=1 Nice=0 Account=physics QOS=normal JobState=CONFIGURING Reason=None",
+    "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0",
+    "DerivedExitCode=0:0 RunTime=00:00:00 TimeLimit=00:10:00 TimeMin=N/A",
+    "SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00",
+    "AccrueTime=Unknown StartTime=2026-12-02T10:00:00 EndTime=Unknown",
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-02T10:00:00",
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:4242 ReqNodeList=(null)",
+    "ExcNodeList=(null) NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1",
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1",
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* Nodes=node1 CPU_IDs=0 Mem=0 GRES=",
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00",
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null)",
+    "WorkDir=/root StdErr=/root/slurm-30.out StdIn=/dev/null StdOut=/root/slurm-30.out Power=",
+)
+
+
+def test_notes_example_single_node_two_types() -> None:
+    job = parse_job(SINGLE, job_id=5, tz=UTC)
+    assert isinstance(job, JobInfo)
+    assert job.job_id == 5
+    assert (job.user, job.uid) == ("alice", 1001)
+    assert job.account == "physics"
+    assert job.partition == "debug"
+    assert job.state == "CONFIGURING"
+    assert job.restarts == 0
+    assert job.num_nodes == 1
+    assert job.node_list == "node1"
+    assert job.time_limit_seconds == 900
+    assert job.start_time == datetime(2026, 12, 2, 10, 0, 1, tzinfo=UTC)
+    assert job.end_time == datetime(2026, 12, 2, 10, 15, 1, tzinfo=UTC)
+    assert job.gpus == {"a100": 1, "h100": 1}
+    assert job.node_gpus == {"node1": {0: "a100", 2: "h100"}}
+    assert job.fields["Power"] == ""
+    assert job.fields["AllocNode:Sid"] == "localhost:4242"
+    assert job.fields["TresPerNode"] == "gres:gpu:a100:1,gres:gpu:h100:1"
+
+
+def test_two_nodes_two_types() -> None:
+    job = parse_job(TWO_NODES, tz=UTC)
+    assert job.gpus == {"a100": 2, "h100": 4}
+    assert job.node_gpus == {
+        "node1": {0: "a100", 2: "h100", 3: "h100"},
+        "node2": {1: "a100", 2: "h100", 3: "h100"},
+    }
+    assert job.num_nodes == 2
+    assert job.restarts == 2
+    assert job.time_limit_seconds == ((1 * 24 + 2) * 60 + 3) * 60 + 4
+    assert job.state == "RUNNING"
+
+
+def test_free_text_values_keep_spaces_and_equals() -> None:
+    job = parse_job(TWO_NODES, tz=UTC)
+    assert job.fields["JobName"] == "train big model"
+    assert job.fields["Command"] == "/home/bob/train.sh --lr=0.1 --name x"
+    assert job.fields["WorkDir"] == "/home/bob/my runs"
+    assert job.fields["Comment"] == "run 7"
+    assert job.fields["StdErr"] == "/home/bob/slurm-12.out"
+
+
+def test_grouped_nodes_share_one_gres_group() -> None:
+    job = parse_job(GROUPED, tz=UTC)
+    assert job.node_gpus == {"node1": {2: "h100", 3: "h100"}, "node2": {2: "h100", 3: "h100"}}
+    assert job.gpus == {"h100": 4}
+    assert job.time_limit_seconds == 7200
+
+
+def test_untyped_request_gets_the_allocated_types() -> None:
+    job = parse_job(UNTYPED_REQUEST, tz=UTC)
+    assert job.gpus == {"a100": 2}
+    assert job.node_gpus == {"node1": {0: "a100", 1: "a100"}}
+
+
+def test_completing_array_task_untyped_gpu_unlimited() -> None:
+    job = parse_job(COMPLETING_ARRAY, tz=UTC)
+    assert job.job_id == 8
+    assert job.fields["ArrayJobId"] == "6"
+    assert job.state == "COMPLETING"
+    assert job.restarts == 1
+    assert job.time_limit_seconds is None
+    assert job.gpus == {"gpu": 1}
+    assert job.node_gpus == {"gpu07": {3: "gpu"}}
+    assert job.end_time - job.start_time == timedelta(seconds=42)  # type: ignore[operator]
+
+
+def test_job_without_gpus() -> None:
+    job = parse_job(NO_GPUS, tz=UTC)
+    assert job.gpus == {}
+    assert job.node_gpus == {}
+    assert job.end_time is None
+    assert job.fields["JobName"] == "cpu only"
+
+
+def test_job_gres_is_the_fallback_when_tres_has_no_gpus() -> None:
+    text = SINGLE.replace(
+        "TRES=cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1",
+        "TRES=cpu=1,node=1,billing=31",
+    )
+    assert parse_job(text, tz=UTC).gpus == {"a100": 1, "h100": 1}
+
+
+def test_local_times_are_converted_to_utc() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    job = parse_job(SINGLE, tz=plus_two)
+    assert job.start_time == datetime(2026, 12, 2, 8, 0, 1, tzinfo=UTC)
+
+
+def test_default_time_zone_is_the_local_one() -> None:
+    moment = parse_timestamp("2026-12-02T10:00:01")
+    assert moment is not None and moment.tzinfo == UTC
+    assert moment == datetime(2026, 12, 2, 10, 0, 1).astimezone().astimezone(UTC)
+
+
+# --- injection: a user-controlled name or comment must not change what we read -------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("JobName=wrap", "JobName=x TimeLimit=00:00:01"),
+        ("JobName=wrap", "JobName=x TRES=cpu=1,gres/gpu:a100=1"),
+        ("JobName=wrap", "JobName=x UserId=root(0) Account=rich"),
+        ("Command=(null)", "Command=/bin/run StartTime=2026-12-02T10:14:00"),
+        ("Command=(null)", "Command=(null) Comment=hi Restarts=9"),
+    ],
+)
+def test_injected_unique_keys_make_the_line_ambiguous(old: str, new: str) -> None:
+    text = SINGLE.replace(old, new)
+    assert text != SINGLE
+    with pytest.raises(ScontrolParseError, match="ambiguous"):
+        parse_job(text, tz=UTC)
+
+
+def test_injected_node_groups_are_ignored() -> None:
+    text = SINGLE.replace("JobName=wrap", "JobName=x Nodes=node1 GRES=gpu:h100:8(IDX:0-7)").replace(
+        "Command=(null)", "Command=x Nodes=node9 GRES=gpu:h100:8(IDX:0-7)"
+    )
+    job = parse_job(text, tz=UTC)
+    assert job.node_gpus == {"node1": {0: "a100", 2: "h100"}}
+
+
+def test_unknown_keys_inside_free_text_do_not_split() -> None:
+    text = SINGLE.replace("JobName=wrap", "JobName=a b=c d")
+    job = parse_job(text, tz=UTC)
+    assert job.fields["JobName"] == "a b=c d"
+    assert job.gpus == {"a100": 1, "h100": 1}
+
+
+# --- picking the right line, and garbage -------------------------------------------------
+
+
+def test_picks_the_requested_job_among_several_lines() -> None:
+    text = TWO_NODES + SINGLE
+    assert parse_job(text, job_id=5, tz=UTC).job_id == 5
+    assert parse_job(text, job_id=12, tz=UTC).job_id == 12
+    with pytest.raises(ScontrolParseError):
+        parse_job(text, job_id=99, tz=UTC)
+
+
+def test_wrong_job_is_refused() -> None:
+    with pytest.raises(ScontrolParseError):
+        parse_job(SINGLE, job_id=6, tz=UTC)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\n\n",
+        "slurm_load_jobs error: Invalid job id specified",
+        "JobName=x UserId=a(1)",  # no JobId
+        SINGLE.replace("TimeLimit=00:15:00", "TimeLimit=soon"),
+        SINGLE.replace("StartTime=2026-12-02T10:00:01", "StartTime=yesterday"),
+        SINGLE.replace("gres/gpu:a100=1", "gres/gpu:a100=one"),
+        SINGLE.replace("(IDX:0)", "(IDX:x)"),
+        SINGLE.replace("Nodes=node1", "Nodes=node[1-"),
+    ],
+)
+def test_garbage_raises(text: str) -> None:
+    with pytest.raises(ScontrolParseError):
+        parse_job(text, tz=UTC)
+
+
+# --- pieces ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("Partition_Limit", None),
+        ("1-02:03:04", 93784),
+        ("02:00:00", 7200),
+        ("30:00", 1800),
+        ("30", 1800),
+        ("2-12", 216000),
+        ("2-12:30", 217800),
+        ("0-00:00:05", 5),
+    ],
+)
+def test_time_limits(value: str, seconds: int | None) -> None:
+    assert parse_time_limit(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["", "1:2:3:4", "a-01:00:00", "1-", "01:xx:00", "-5"])
+def test_bad_time_limits(value: str) -> None:
+    with pytest.raises(ScontrolParseError):
+        parse_time_limit(value)
+
+
+@pytest.mark.parametrize("value", ["Unknown", "None", "N/A", "", None])
+def test_missing_timestamps(value: str | None) -> None:
+    assert parse_timestamp(value, UTC) is None
+
+
+@pytest.mark.parametrize(
+    ("tres", "gpus"),
+    [
+        ("cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1", {"a100": 1, "h100": 1}),
+        ("cpu=1,gres/gpu=2", {"gpu": 2}),
+        ("cpu=1,gres/gpu=3,gres/gpu:a100=2", {"a100": 2, "gpu": 1}),
+        ("cpu=1,mem=2000M,node=1", {}),
+        ("", {}),
+        (None, {}),
+    ],
+)
+def test_gpu_tres(tres: str | None, gpus: dict[str, int]) -> None:
+    assert parse_gpu_tres(tres) == gpus
+
+
+@pytest.mark.parametrize(
+    ("value", "gpus"),
+    [
+        ("gpu:a100:1,gpu:h100:1", {"a100": 1, "h100": 1}),
+        ("gpu:2", {"gpu": 2}),
+        ("gpu:a100:2(IDX:0-1)", {"a100": 2}),
+        ("gpu:a100(IDX:0,2)", {"a100": 2}),
+        ("mps:100,gpu:h100:1", {"h100": 1}),
+        ("(null)", {}),
+    ],
+)
+def test_job_gres(value: str, gpus: dict[str, int]) -> None:
+    assert parse_job_gres(value) == gpus
+
+
+@pytest.mark.parametrize(
+    ("value", "by_index"),
+    [
+        ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)", {0: "a100", 2: "h100"}),
+        ("gpu:a100:2(IDX:0,2),gpu:h100:1(IDX:3)", {0: "a100", 2: "a100", 3: "h100"}),
+        ("gpu:h100:3(IDX:0-1,3)", {0: "h100", 1: "h100", 3: "h100"}),
+        ("gpu:2(IDX:0-1)", {0: "gpu", 1: "gpu"}),
+        ("gpu:a100:0(IDX:N/A)", {}),
+        ("", {}),
+    ],
+)
+def test_node_gres(value: str, by_index: dict[int, str]) -> None:
+    assert parse_node_gres(value) == by_index
+
+
+def test_index_lists() -> None:
+    assert parse_index_list("0-1,3") == [0, 1, 3]
+    assert parse_index_list("N/A") == []
+    with pytest.raises(ScontrolParseError):
+        parse_index_list("3-1")
+
+
+@pytest.mark.parametrize(
+    ("expr", "hosts"),
+    [
+        ("node1", ["node1"]),
+        ("node[1-2]", ["node1", "node2"]),
+        ("node[1-2,5],gpu07", ["node1", "node2", "node5", "gpu07"]),
+        ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("(null)", []),
+        (None, []),
+    ],
+)
+def test_hostlists(expr: str | None, hosts: list[str]) -> None:
+    assert expand_hostlist(expr) == hosts
+
+
+@pytest.mark.parametrize("expr", ["node[1-2", "node]1[", "node[a-b]", "n[0-999999]"])
+def test_bad_hostlists(expr: str) -> None:
+    with pytest.raises(ScontrolParseError):
+        expand_hostlist(expr)
+
+
+def test_parse_line_keeps_repeats_in_order() -> None:
+    pairs = parse_line(TWO_NODES)
+    nodes = [value for key, value in pairs if key == "Nodes"]
+    assert nodes == ["node1", "node2"]
+    assert pairs[0] == ("JobId", "12")
+    assert pairs[-1] == ("TresPerNode", "gres:gpu:a100:1,gres:gpu:h100:2")
