@@ -35,8 +35,14 @@ def main() -> None:
         api.grant(s, "physics", "20", effective_at=start, expires_at=now + timedelta(days=5))
     with transaction() as s:
         api.topup(s, "chemistry", "40", effective_at=start, reference="invoice-2026-118")
-        api.grant(s, "chemistry", "10", effective_at=start + timedelta(days=1),
-                  expires_at=now + timedelta(days=30), priority=5)
+        api.grant(
+            s,
+            "chemistry",
+            "10",
+            effective_at=start + timedelta(days=1),
+            expires_at=now + timedelta(days=30),
+            priority=5,
+        )
     with transaction() as s:
         api.set_limits(s, "physics", user="alice", max_gpus=4, max_rate="0.005", daily_cap="30")
 
@@ -50,22 +56,33 @@ def main() -> None:
     for account, user, job_id, gpus, limit, ran, hours in jobs:
         at = start + timedelta(hours=hours)
         with transaction() as s:
-            hold = api.create_hold(s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit,
-                                   cluster="lab", at=at)
+            hold = api.create_hold(
+                s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit, cluster="lab", at=at
+            )
         with transaction() as s:
             api.settle_hold(s, hold.id, ran, at + timedelta(seconds=ran))
     click.echo("A job alice cannot afford within her daily cap is refused:")
     try:
         with transaction() as s:
-            api.create_hold(s, "physics", user="alice", job_id=1003, gpus="a100:4", seconds=4 * 3600,
-                            cluster="lab", at=start + timedelta(hours=2, minutes=30))
+            api.create_hold(
+                s,
+                "physics",
+                user="alice",
+                job_id=1003,
+                gpus="a100:4",
+                seconds=4 * 3600,
+                cluster="lab",
+                at=start + timedelta(hours=2, minutes=30),
+            )
     except LedgerError as refusal:
         click.echo(f"  refused {refusal.code}: {refusal.message}\n")
 
     with transaction() as s:
         quote = api.quote(s, "physics", "h100:2", 7200)
-    click.echo(f"What `sbatch --gres=gpu:h100:2 -t 2:00:00` costs physics now: {quote['cost']} credits "
-               f"({quote['available']} available)\n")
+    click.echo(
+        f"What `sbatch --gres=gpu:h100:2 -t 2:00:00` costs physics now: {quote['cost']} credits "
+        f"({quote['available']} available)\n"
+    )
     for account in ("physics", "chemistry"):
         with transaction() as s:
             b = api.balance(s, account)

@@ -25,8 +25,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 def check_name(name: str, what: str = "account") -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidInput(f"{what} name {name!r} is not a valid Slurm name",
-                           code=f"invalid_{what}", details={"value": name})
+        raise InvalidInput(
+            f"{what} name {name!r} is not a valid Slurm name", code=f"invalid_{what}", details={"value": name}
+        )
     return name
 
 
@@ -34,10 +35,17 @@ def create_account(s: Session, name: str, *, at: datetime | None = None) -> dict
     check_name(name)
     existing = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first()
     if existing:
-        raise Conflict(f"account {name} already exists", code="already_exists",
-                       details={"account": name})
-    s.execute(insert(accounts_t).values(name=name, kind="customer", created_at=at or utcnow(),
-                                        debt_ucredits=0, entry_count=0, head_hash=""))
+        raise Conflict(f"account {name} already exists", code="already_exists", details={"account": name})
+    s.execute(
+        insert(accounts_t).values(
+            name=name,
+            kind="customer",
+            created_at=at or utcnow(),
+            debt_ucredits=0,
+            entry_count=0,
+            head_hash="",
+        )
+    )
     return {"account": name, "created": True}
 
 
@@ -52,10 +60,18 @@ def ensure_account(s: Session, name: str) -> bool:
 
 def lock_account(s: Session, name: str) -> LockedAccount:
     """Lock one customer account row for the rest of the transaction."""
-    query = select(accounts_t.c.id, accounts_t.c.name, accounts_t.c.debt_ucredits,
-                   accounts_t.c.entry_count, accounts_t.c.head_hash).where(
-        accounts_t.c.name == name, accounts_t.c.kind == "customer")
-    if s.get_bind().dialect.name == "postgresql":
+    return read_account(s, name, lock=True)
+
+
+def read_account(s: Session, name: str, *, lock: bool = False) -> LockedAccount:
+    query = select(
+        accounts_t.c.id,
+        accounts_t.c.name,
+        accounts_t.c.debt_ucredits,
+        accounts_t.c.entry_count,
+        accounts_t.c.head_hash,
+    ).where(accounts_t.c.name == name, accounts_t.c.kind == "customer")
+    if lock and s.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
     row = s.execute(query).first()
     if row is None:
@@ -64,27 +80,38 @@ def lock_account(s: Session, name: str) -> LockedAccount:
 
 
 def account_names(s: Session) -> list[str]:
-    return list(s.execute(select(accounts_t.c.name).where(accounts_t.c.kind == "customer")
-                          .order_by(accounts_t.c.name)).scalars())
+    return list(
+        s.execute(
+            select(accounts_t.c.name).where(accounts_t.c.kind == "customer").order_by(accounts_t.c.name)
+        ).scalars()
+    )
 
 
 def add_member(s: Session, user: str, account: str) -> dict[str, Any]:
     check_name(user, "user")
     acct = lock_account(s, account)
-    if not s.execute(select(members_t.c.id).where(members_t.c.account_id == acct.id,
-                                                 members_t.c.user == user)).first():
+    if not s.execute(
+        select(members_t.c.id).where(members_t.c.account_id == acct.id, members_t.c.user == user)
+    ).first():
         s.execute(insert(members_t).values(account_id=acct.id, user=user, created_at=utcnow()))
     return {"account": account, "user": user}
 
 
 def members(s: Session, account_id: int) -> list[str]:
-    return list(s.execute(select(members_t.c.user).where(members_t.c.account_id == account_id)
-                          .order_by(members_t.c.user)).scalars())
+    return list(
+        s.execute(
+            select(members_t.c.user).where(members_t.c.account_id == account_id).order_by(members_t.c.user)
+        ).scalars()
+    )
 
 
 def is_member(s: Session, account_id: int, user: str) -> bool:
-    return s.execute(select(members_t.c.id).where(members_t.c.account_id == account_id,
-                                                 members_t.c.user == user)).first() is not None
+    return (
+        s.execute(
+            select(members_t.c.id).where(members_t.c.account_id == account_id, members_t.c.user == user)
+        ).first()
+        is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -96,35 +123,46 @@ class Limits:
     def as_dict(self) -> dict[str, Any]:
         return {
             "max_gpus": self.max_gpus,
-            "max_rate": None if self.max_rate_ucredits_per_second is None
+            "max_rate": None
+            if self.max_rate_ucredits_per_second is None
             else format_credits(self.max_rate_ucredits_per_second),
-            "daily_cap": None if self.daily_cap_ucredits is None
-            else format_credits(self.daily_cap_ucredits),
+            "daily_cap": None if self.daily_cap_ucredits is None else format_credits(self.daily_cap_ucredits),
         }
 
 
-def set_limits(s: Session, account: str, *, user: str | None = None, max_gpus: int | None = None,
-               max_rate: str | None = None, daily_cap: str | None = None,
-               clear: bool = False) -> dict[str, Any]:
+def set_limits(
+    s: Session,
+    account: str,
+    *,
+    user: str | None = None,
+    max_gpus: int | None = None,
+    max_rate: str | None = None,
+    daily_cap: str | None = None,
+    clear: bool = False,
+) -> dict[str, Any]:
     """Set the given caps (others unchanged; `clear` removes all caps first)."""
     acct = lock_account(s, account)
     if user is not None:
         check_name(user, "user")
     if max_gpus is not None and (not isinstance(max_gpus, int) or max_gpus < 0 or max_gpus > 10**6):
-        raise InvalidInput(f"max GPUs {max_gpus!r} must be a whole number >= 0",
-                           code="invalid_limit", details={"field": "max_gpus", "value": max_gpus})
+        raise InvalidInput(
+            f"max GPUs {max_gpus!r} must be a whole number >= 0",
+            code="invalid_limit",
+            details={"field": "max_gpus", "value": max_gpus},
+        )
     values: dict[str, Any] = {}
     if clear:
         values = {"max_gpus": None, "max_rate_ucredits_per_second": None, "daily_cap_ucredits": None}
     if max_gpus is not None:
         values["max_gpus"] = max_gpus
     if max_rate is not None:
-        values["max_rate_ucredits_per_second"] = parse_credits(max_rate, field="max_rate",
-                                                               allow_zero=True)
+        values["max_rate_ucredits_per_second"] = parse_credits(max_rate, field="max_rate", allow_zero=True)
     if daily_cap is not None:
         values["daily_cap_ucredits"] = parse_credits(daily_cap, field="daily_cap", allow_zero=True)
-    where = (limits_t.c.account_id == acct.id,
-             limits_t.c.user.is_(None) if user is None else limits_t.c.user == user)
+    where = (
+        limits_t.c.account_id == acct.id,
+        limits_t.c.user.is_(None) if user is None else limits_t.c.user == user,
+    )
     values["updated_at"] = utcnow()
     if s.execute(select(limits_t.c.id).where(*where)).first():
         s.execute(update(limits_t).where(*where).values(**values))
@@ -142,14 +180,22 @@ def limits_for(s: Session, account_id: int, user: str | None) -> Limits:
 
 
 def show_limits(s: Session, account: str) -> dict[str, Any]:
-    row = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == account,
-                                                  accounts_t.c.kind == "customer")).first()
+    row = s.execute(
+        select(accounts_t.c.id).where(accounts_t.c.name == account, accounts_t.c.kind == "customer")
+    ).first()
     if row is None:
         raise NotFound(f"account {account!r} does not exist", details={"account": account})
-    result: dict[str, Any] = {"account": account, "account_limits": limits_for(s, row.id, None).as_dict(),
-                              "users": {}}
-    for lim in s.execute(select(limits_t).where(limits_t.c.account_id == row.id,
-                                               limits_t.c.user.is_not(None)).order_by(limits_t.c.user)):
-        result["users"][lim.user] = Limits(lim.max_gpus, lim.max_rate_ucredits_per_second,
-                                           lim.daily_cap_ucredits).as_dict()
+    result: dict[str, Any] = {
+        "account": account,
+        "account_limits": limits_for(s, row.id, None).as_dict(),
+        "users": {},
+    }
+    for lim in s.execute(
+        select(limits_t)
+        .where(limits_t.c.account_id == row.id, limits_t.c.user.is_not(None))
+        .order_by(limits_t.c.user)
+    ):
+        result["users"][lim.user] = Limits(
+            lim.max_gpus, lim.max_rate_ucredits_per_second, lim.daily_cap_ucredits
+        ).as_dict()
     return result

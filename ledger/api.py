@@ -32,6 +32,7 @@ from ledger.holds import (
     HoldState,
     adjust_hold,
     create_hold,
+    find_active_hold,
     find_hold,
     get_hold,
     hold_usage,
@@ -47,43 +48,114 @@ from ledger.reports import usage_report
 from ledger.timeutil import format_time, utcnow
 
 __all__ = [
-    "HoldState", "account_names", "account_summary", "add_member", "adjust", "adjust_hold",
-    "balance", "consume", "create_account", "entries_t", "create_hold", "ensure_account", "find_hold",
-    "get_hold", "grant", "hold_usage", "list_holds", "list_prices", "quote", "release_hold",
-    "set_limits", "set_price", "settle_hold", "show_limits", "sweep", "topup", "usage_report",
+    "HoldState",
+    "account_names",
+    "account_summary",
+    "add_member",
+    "adjust",
+    "adjust_hold",
+    "balance",
+    "consume",
+    "create_account",
+    "create_hold",
+    "ensure_account",
+    "entries_t",
+    "find_active_hold",
+    "find_hold",
+    "get_hold",
+    "grant",
+    "hold_usage",
+    "list_holds",
+    "list_prices",
+    "quote",
+    "release_hold",
+    "set_limits",
+    "set_price",
+    "settle_hold",
+    "show_limits",
+    "sweep",
+    "topup",
+    "usage_report",
     "verify",
 ]
 
 
-def topup(s: Session, account: str, amount: str, *, effective_at: datetime | None = None,
-          expires_at: datetime | None = None, reference: str | None = None,
-          idempotency_key: str | None = None, at: datetime | None = None) -> dict[str, Any]:
+def topup(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    reference: str | None = None,
+    idempotency_key: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
     """Paid credit; visible at once; pays recorded debt first."""
     acct = lock_account(s, account)
-    return _grants.create_grant(s, acct, amount, source="topup", effective_at=effective_at,
-                                expires_at=expires_at, reference=reference,
-                                idempotency_key=idempotency_key, at=at)
+    return _grants.create_grant(
+        s,
+        acct,
+        amount,
+        source="topup",
+        effective_at=effective_at,
+        expires_at=expires_at,
+        reference=reference,
+        idempotency_key=idempotency_key,
+        at=at,
+    )
 
 
-def grant(s: Session, account: str, amount: str, *, effective_at: datetime | None = None,
-          expires_at: datetime | None = None, priority: int = DEFAULT_PRIORITY,
-          reference: str | None = None, idempotency_key: str | None = None,
-          at: datetime | None = None) -> dict[str, Any]:
+def grant(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    reference: str | None = None,
+    idempotency_key: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
     """Promotional or allocated credit, optionally time-windowed."""
     acct = lock_account(s, account)
-    return _grants.create_grant(s, acct, amount, source="grant", effective_at=effective_at,
-                                expires_at=expires_at, priority=priority, reference=reference,
-                                idempotency_key=idempotency_key, at=at)
+    return _grants.create_grant(
+        s,
+        acct,
+        amount,
+        source="grant",
+        effective_at=effective_at,
+        expires_at=expires_at,
+        priority=priority,
+        reference=reference,
+        idempotency_key=idempotency_key,
+        at=at,
+    )
 
 
-def consume(s: Session, account: str, amount: str, *, at: datetime | None = None,
-            user: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+def consume(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    at: datetime | None = None,
+    user: str | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
     acct = lock_account(s, account)
     return _grants.consume(s, acct, amount, at=at, user=user, idempotency_key=idempotency_key)
 
 
-def adjust(s: Session, account: str, amount: str, *, links_entry_id: int, reason: str = "",
-           at: datetime | None = None) -> dict[str, Any]:
+def adjust(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    links_entry_id: int,
+    reason: str = "",
+    at: datetime | None = None,
+) -> dict[str, Any]:
     """Post a signed correction linked to an earlier charge.
 
     A correction of a job run's charge goes through its hold (so refunds return to the
@@ -91,23 +163,34 @@ def adjust(s: Session, account: str, amount: str, *, links_entry_id: int, reason
     refunds as a new grant.
     """
     delta = parse_credits(amount, field="amount", allow_negative=True)
-    linked = s.execute(select(entries_t.c.id, entries_t.c.account_id, entries_t.c.hold_id)
-                       .where(entries_t.c.id == links_entry_id)).first()
+    linked = s.execute(
+        select(entries_t.c.id, entries_t.c.account_id, entries_t.c.hold_id).where(
+            entries_t.c.id == links_entry_id
+        )
+    ).first()
     acct = lock_account(s, account)
     if linked is None or linked.account_id != acct.id:
-        raise NotFound(f"entry {links_entry_id} of account {account} does not exist",
-                       details={"entry_id": links_entry_id, "account": account})
+        raise NotFound(
+            f"entry {links_entry_id} of account {account} does not exist",
+            details={"entry_id": links_entry_id, "account": account},
+        )
     at = at or utcnow()
     if linked.hold_id is not None:
         hold = get_hold(s, linked.hold_id)
         target = hold.charged_ucredits + delta
         if target < 0:
-            raise InvalidInput(f"a refund of {format_credits(-delta)} exceeds the "
-                               f"{format_credits(hold.charged_ucredits)} this run was charged",
-                               code="invalid_amount")
+            raise InvalidInput(
+                f"a refund of {format_credits(-delta)} exceeds the "
+                f"{format_credits(hold.charged_ucredits)} this run was charged",
+                code="invalid_amount",
+            )
         hold = adjust_hold(s, hold.id, target, at=at, reason=reason, links_entry_id=links_entry_id)
-        return {"account": account, "adjustment": format_credits(delta), "hold": hold.as_dict(),
-                "links_entry_id": links_entry_id}
+        return {
+            "account": account,
+            "adjustment": format_credits(delta),
+            "hold": hold.as_dict(),
+            "links_entry_id": links_entry_id,
+        }
     if delta > 0:
         grants = _grants.load_grants(s, acct.id)
         legs: list[Leg] = []
@@ -115,14 +198,30 @@ def adjust(s: Session, account: str, amount: str, *, links_entry_id: int, reason
         if short:
             legs.append(Leg(acct.id, -short, "debt"))
         legs.append(Leg(REVENUE, delta))
-        entry = post(s, acct, "adjust", at, legs, links_entry_id=links_entry_id,
-                     memo={"reason": reason} if reason else None)
+        entry = post(
+            s,
+            acct,
+            "adjust",
+            at,
+            legs,
+            links_entry_id=links_entry_id,
+            memo={"reason": reason} if reason else None,
+        )
         _grants.save_grants(s, grants)
-        return {"account": account, "adjustment": format_credits(delta), "entry_id": entry.id,
-                "links_entry_id": links_entry_id}
+        return {
+            "account": account,
+            "adjustment": format_credits(delta),
+            "entry_id": entry.id,
+            "links_entry_id": links_entry_id,
+        }
     result = _grants.create_grant(s, acct, -delta, source="refund", at=at)
-    return {"account": account, "adjustment": format_credits(delta), "entry_id": result["entry_id"],
-            "links_entry_id": links_entry_id, "grant": result["grant"]}
+    return {
+        "account": account,
+        "adjustment": format_credits(delta),
+        "entry_id": result["entry_id"],
+        "links_entry_id": links_entry_id,
+        "grant": result["grant"],
+    }
 
 
 def sweep(s: Session, account: str, at: datetime | None = None) -> dict[str, Any]:
@@ -132,5 +231,10 @@ def sweep(s: Session, account: str, at: datetime | None = None) -> dict[str, Any
     acct = lock_account(s, account)
     expired = _grants.expire_grants(s, acct, at)
     paid = _grants.pay_debt(s, acct, at)
-    return {"account": account, "at": format_time(at), "expired_holds": expired_holds,
-            "expired_credits": format_credits(expired), "debt_paid": format_credits(paid)}
+    return {
+        "account": account,
+        "at": format_time(at),
+        "expired_holds": expired_holds,
+        "expired_credits": format_credits(expired),
+        "debt_paid": format_credits(paid),
+    }

@@ -17,8 +17,9 @@ from ledger.timeutil import format_time, utcnow
 
 
 def _account_row(s: Session, name: str) -> Any:
-    row = s.execute(select(accounts_t).where(accounts_t.c.name == name,
-                                             accounts_t.c.kind == "customer")).first()
+    row = s.execute(
+        select(accounts_t).where(accounts_t.c.name == name, accounts_t.c.kind == "customer")
+    ).first()
     if row is None:
         raise NotFound(f"account {name!r} does not exist", details={"account": name})
     return row
@@ -38,11 +39,20 @@ def balance(s: Session, account: str, at: datetime | None = None) -> dict[str, A
 
 def _balance_now(s: Session, row: Any, at: datetime) -> dict[str, Any]:
     grants = [g for g in load_grants(s, row.id) if g.active_at(at)]
-    held = s.execute(select(func.coalesce(func.sum(grants_t.c.earmarked_ucredits), 0))
-                     .where(grants_t.c.account_id == row.id)).scalar_one()
+    held = s.execute(
+        select(func.coalesce(func.sum(grants_t.c.earmarked_ucredits), 0)).where(
+            grants_t.c.account_id == row.id
+        )
+    ).scalar_one()
     available = sum(g.free_ucredits for g in grants) - row.debt_ucredits
-    return _shape(row.name, at, available, int(held), row.debt_ucredits,
-                  [(g.as_dict(), g.remaining_ucredits) for g in grants])
+    return _shape(
+        row.name,
+        at,
+        available,
+        int(held),
+        row.debt_ucredits,
+        [(g.as_dict(), g.remaining_ucredits) for g in grants],
+    )
 
 
 def _balance_from_journal(s: Session, row: Any, at: datetime) -> dict[str, Any]:
@@ -50,8 +60,11 @@ def _balance_from_journal(s: Session, row: Any, at: datetime) -> dict[str, Any]:
     for grant_id, bucket, total in s.execute(
         select(postings_t.c.grant_id, postings_t.c.bucket, func.sum(postings_t.c.amount_ucredits))
         .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
-        .where(entries_t.c.account_id == row.id, postings_t.c.account_id == row.id,
-               entries_t.c.effective_at <= at)
+        .where(
+            entries_t.c.account_id == row.id,
+            postings_t.c.account_id == row.id,
+            entries_t.c.effective_at <= at,
+        )
         .group_by(postings_t.c.grant_id, postings_t.c.bucket)
     ):
         sums[(grant_id, bucket)] = int(total)
@@ -66,15 +79,24 @@ def _balance_from_journal(s: Session, row: Any, at: datetime) -> dict[str, Any]:
     return _shape(row.name, at, available, held, debt, shown)
 
 
-def _shape(name: str, at: datetime, available: int, held: int, debt: int,
-           grants: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
-    return {"account": name, "at": format_time(at), "available": format_credits(available),
-            "held": format_credits(held), "debt": format_credits(debt),
-            "grants": [g for g, _remaining in grants]}
+def _shape(
+    name: str, at: datetime, available: int, held: int, debt: int, grants: list[tuple[dict[str, Any], int]]
+) -> dict[str, Any]:
+    return {
+        "account": name,
+        "at": format_time(at),
+        "available": format_credits(available),
+        "held": format_credits(held),
+        "debt": format_credits(debt),
+        "grants": [g for g, _remaining in grants],
+    }
 
 
 def account_summary(s: Session, account: str) -> dict[str, Any]:
     row = _account_row(s, account)
-    active = s.execute(select(func.count()).select_from(holds_t).where(
-        holds_t.c.account_id == row.id, holds_t.c.state == "active")).scalar_one()
+    active = s.execute(
+        select(func.count())
+        .select_from(holds_t)
+        .where(holds_t.c.account_id == row.id, holds_t.c.state == "active")
+    ).scalar_one()
     return {**balance(s, account), "active_holds": int(active), "entries": row.entry_count}

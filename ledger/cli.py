@@ -18,20 +18,40 @@ from ledger.cli_support import (
 )
 from ledger.timeutil import parse_slurm_duration
 
-HOLD_COLUMNS = ["id", "account", "user", "cluster", "job_id", "run", "state", "gpus", "amount",
-                "charged", "expires_at"]
+HOLD_COLUMNS = [
+    "id",
+    "account",
+    "user",
+    "cluster",
+    "job_id",
+    "run",
+    "state",
+    "gpus",
+    "amount",
+    "charged",
+    "expires_at",
+]
 
 
 def _emit_balance(result: dict[str, Any], fmt: str) -> None:
     if fmt != "table":
-        emit(result if fmt == "json" else result["grants"], fmt,
-             None if fmt == "json" else ["id", "source", "amount", "remaining", "effective_at",
-                                         "expires_at", "priority"])
+        emit(
+            result if fmt == "json" else result["grants"],
+            fmt,
+            None
+            if fmt == "json"
+            else ["id", "source", "amount", "remaining", "effective_at", "expires_at", "priority"],
+        )
         return
-    click.echo(f"account {result['account']} at {result['at']}: available {result['available']}, "
-               f"held {result['held']}" + (f", debt {result['debt']}" if result["debt"] != "0.00" else ""))
-    emit(result["grants"], fmt, ["id", "source", "amount", "remaining", "effective_at", "expires_at",
-                                 "priority"])
+    click.echo(
+        f"account {result['account']} at {result['at']}: available {result['available']}, "
+        f"held {result['held']}" + (f", debt {result['debt']}" if result["debt"] != "0.00" else "")
+    )
+    emit(
+        result["grants"],
+        fmt,
+        ["id", "source", "amount", "remaining", "effective_at", "expires_at", "priority"],
+    )
 
 
 @click.command("init")
@@ -71,8 +91,7 @@ def account_list(fmt: str) -> None:
         rows = []
         for name in api.account_names(s):
             b = api.balance(s, name)
-            rows.append({"account": name, "available": b["available"], "held": b["held"],
-                         "debt": b["debt"]})
+            rows.append({"account": name, "available": b["available"], "held": b["held"], "debt": b["debt"]})
     emit(rows, fmt)
 
 
@@ -117,13 +136,19 @@ def price_group() -> None:
 @click.option("--effective", default=None, metavar="TIME", help="When the price takes effect.")
 @format_option
 @ledger_command
-def price_set(gres: str, credits_per_gpu_hour: str, partition: str | None, effective: str | None,
-              fmt: str) -> None:
+def price_set(
+    gres: str, credits_per_gpu_hour: str, partition: str | None, effective: str | None, fmt: str
+) -> None:
     from ledger import api
 
     with transaction() as s:
-        result = api.set_price(s, gres, credits_per_gpu_hour, partition=partition,
-                               effective_at=parse_time_option(effective, "effective"))
+        result = api.set_price(
+            s,
+            gres,
+            credits_per_gpu_hour,
+            partition=partition,
+            effective_at=parse_time_option(effective, "effective"),
+        )
     emit(result, fmt)
 
 
@@ -151,13 +176,21 @@ def limits_group() -> None:
 @click.option("--clear", is_flag=True, help="Remove the existing caps first.")
 @format_option
 @ledger_command
-def limits_set(account: str, user: str | None, max_gpus: int | None, max_rate: str | None,
-               daily_cap: str | None, clear: bool, fmt: str) -> None:
+def limits_set(
+    account: str,
+    user: str | None,
+    max_gpus: int | None,
+    max_rate: str | None,
+    daily_cap: str | None,
+    clear: bool,
+    fmt: str,
+) -> None:
     from ledger import api
 
     with transaction() as s:
-        result = api.set_limits(s, account, user=user, max_gpus=max_gpus, max_rate=max_rate,
-                                daily_cap=daily_cap, clear=clear)
+        result = api.set_limits(
+            s, account, user=user, max_gpus=max_gpus, max_rate=max_rate, daily_cap=daily_cap, clear=clear
+        )
     emit(result, "json" if fmt == "table" else fmt)
 
 
@@ -187,27 +220,43 @@ def _credit_command(source: str) -> Any:
     @key_option
     @format_option
     @ledger_command
-    def command(account: str, amount: str, effective: str | None, expires: str | None, at: str | None,
-                idempotency_key: str | None, fmt: str, **extra: Any) -> None:
+    def command(
+        account: str,
+        amount: str,
+        effective: str | None,
+        expires: str | None,
+        at: str | None,
+        idempotency_key: str | None,
+        fmt: str,
+        **extra: Any,
+    ) -> None:
         from ledger import api
 
         operation = api.topup if source == "topup" else api.grant
         with transaction() as s:
-            result = operation(s, account, amount,
-                               effective_at=parse_time_option(effective, "effective"),
-                               expires_at=parse_time_option(expires, "expires"),
-                               at=parse_time_option(at, "at"), idempotency_key=idempotency_key,
-                               **extra)
+            result = operation(
+                s,
+                account,
+                amount,
+                effective_at=parse_time_option(effective, "effective"),
+                expires_at=parse_time_option(expires, "expires"),
+                at=parse_time_option(at, "at"),
+                idempotency_key=idempotency_key,
+                **extra,
+            )
         emit(result["grant"], fmt)
 
     return command
 
 
 topup_command = click.command("topup", help="Add paid credit to ACCOUNT (pays debt first).")(
-    click.option("--reference", default=None, help="Payment reference.")(_credit_command("topup")))
+    click.option("--reference", default=None, help="Payment reference.")(_credit_command("topup"))
+)
 grant_command = click.command("grant", help="Grant credit to ACCOUNT, optionally time-windowed.")(
-    click.option("--priority", type=int, default=10, show_default=True,
-                 help="Lower is spent first.")(_credit_command("grant")))
+    click.option("--priority", type=int, default=10, show_default=True, help="Lower is spent first.")(
+        _credit_command("grant")
+    )
+)
 
 
 @click.command("consume")
@@ -218,34 +267,44 @@ grant_command = click.command("grant", help="Grant credit to ACCOUNT, optionally
 @key_option
 @format_option
 @ledger_command
-def consume_command(account: str, amount: str, user: str | None, at: str | None,
-                    idempotency_key: str | None, fmt: str) -> None:
+def consume_command(
+    account: str, amount: str, user: str | None, at: str | None, idempotency_key: str | None, fmt: str
+) -> None:
     """Charge AMOUNT to ACCOUNT directly (no job)."""
     from ledger import api
 
     with transaction() as s:
-        result = api.consume(s, account, amount, at=parse_time_option(at, "at"), user=user,
-                             idempotency_key=idempotency_key)
+        result = api.consume(
+            s, account, amount, at=parse_time_option(at, "at"), user=user, idempotency_key=idempotency_key
+        )
     emit(result, fmt)
 
 
 @click.command("adjust")
 @click.argument("account")
 @click.argument("amount")
-@click.option("--links", "links_entry_id", type=int, required=True, metavar="ENTRY_ID",
-              help="The journal entry this corrects.")
+@click.option(
+    "--links",
+    "links_entry_id",
+    type=int,
+    required=True,
+    metavar="ENTRY_ID",
+    help="The journal entry this corrects.",
+)
 @click.option("--reason", default="")
 @at_option
 @format_option
 @ledger_command
-def adjust_command(account: str, amount: str, links_entry_id: int, reason: str, at: str | None,
-                   fmt: str) -> None:
+def adjust_command(
+    account: str, amount: str, links_entry_id: int, reason: str, at: str | None, fmt: str
+) -> None:
     """Post a signed correction (+charge / -refund) linked to an earlier charge."""
     from ledger import api
 
     with transaction() as s:
-        result = api.adjust(s, account, amount, links_entry_id=links_entry_id, reason=reason,
-                            at=parse_time_option(at, "at"))
+        result = api.adjust(
+            s, account, amount, links_entry_id=links_entry_id, reason=reason, at=parse_time_option(at, "at")
+        )
     emit(result, "json" if fmt == "table" else fmt)
 
 
@@ -272,17 +331,24 @@ def balance_command(account: str, at: str | None, fmt: str) -> None:
 @at_option
 @format_option
 @ledger_command
-def quote_command(account: str, gpus: str, time_limit: str, partition: str | None, tasks: int,
-                  at: str | None, fmt: str) -> None:
+def quote_command(
+    account: str, gpus: str, time_limit: str, partition: str | None, tasks: int, at: str | None, fmt: str
+) -> None:
     """What a job would cost, and whether ACCOUNT can afford it now. Reserves nothing."""
     from ledger import api
 
     seconds = parse_slurm_duration(time_limit)
     with transaction() as s:
-        result = api.quote(s, account, gpus, seconds, partition=partition,
-                           at=parse_time_option(at, "at"), tasks=tasks)
-    emit(result, fmt, None if fmt == "json" else
-         ["account", "gpus", "seconds", "tasks", "cost", "rate", "available", "affordable"])
+        result = api.quote(
+            s, account, gpus, seconds, partition=partition, at=parse_time_option(at, "at"), tasks=tasks
+        )
+    emit(
+        result,
+        fmt,
+        None
+        if fmt == "json"
+        else ["account", "gpus", "seconds", "tasks", "cost", "rate", "available", "affordable"],
+    )
 
 
 @click.group("hold")
@@ -302,17 +368,36 @@ def hold_group() -> None:
 @at_option
 @format_option
 @ledger_command
-def hold_create(account: str, user: str, job_id: int, cluster: str | None, run: int, gpus: str,
-                seconds: str, partition: str | None, at: str | None, fmt: str) -> None:
+def hold_create(
+    account: str,
+    user: str,
+    job_id: int,
+    cluster: str | None,
+    run: int,
+    gpus: str,
+    seconds: str,
+    partition: str | None,
+    at: str | None,
+    fmt: str,
+) -> None:
     from ledger import api
     from ledger.config import load_config
 
     config = load_config()
     with transaction() as s:
-        hold = api.create_hold(s, account, user=user, job_id=job_id,
-                               cluster=cluster or config["slurm"]["cluster"], run=run, gpus=gpus,
-                               seconds=seconds, partition=partition, at=parse_time_option(at, "at"),
-                               grace_seconds=int(config["holds"]["grace_seconds"]))
+        hold = api.create_hold(
+            s,
+            account,
+            user=user,
+            job_id=job_id,
+            cluster=cluster or config["slurm"]["cluster"],
+            run=run,
+            gpus=gpus,
+            seconds=seconds,
+            partition=partition,
+            at=parse_time_option(at, "at"),
+            grace_seconds=int(config["holds"]["grace_seconds"]),
+        )
     emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 
@@ -382,18 +467,29 @@ def hold_show(hold_id: int, fmt: str) -> None:
 @click.option("--user", default=None)
 @click.option("--from", "start", default=None, metavar="TIME")
 @click.option("--to", "end", default=None, metavar="TIME")
-@click.option("--by", type=click.Choice(["day", "gres", "user", "partition", "account"]),
-              default="day", show_default=True)
+@click.option(
+    "--by",
+    type=click.Choice(["day", "gres", "user", "partition", "account"]),
+    default="day",
+    show_default=True,
+)
 @format_option
 @ledger_command
-def report_command(account: str | None, user: str | None, start: str | None, end: str | None,
-                   by: str, fmt: str) -> None:
+def report_command(
+    account: str | None, user: str | None, start: str | None, end: str | None, by: str, fmt: str
+) -> None:
     """Charges and GPU-seconds grouped by day, GPU type, user, partition or account."""
     from ledger import api
 
     with transaction() as s:
-        rows = api.usage_report(s, account=account, user=user, start=parse_time_option(start, "from"),
-                                end=parse_time_option(end, "to"), by=by)
+        rows = api.usage_report(
+            s,
+            account=account,
+            user=user,
+            start=parse_time_option(start, "from"),
+            end=parse_time_option(end, "to"),
+            by=by,
+        )
     emit(rows, fmt, [by, "charged", "gpu_seconds", "jobs"])
 
 
@@ -430,19 +526,39 @@ def audit_verify(fmt: str) -> None:
 
     with transaction() as s:
         report = api.verify(s)
-    result = {"ok": report.ok, "accounts": report.accounts, "entries": report.entries,
-              "problems": report.problems}
+    result = {
+        "ok": report.ok,
+        "accounts": report.accounts,
+        "entries": report.entries,
+        "problems": report.problems,
+    }
     if fmt == "json":
         emit(result, fmt)
     else:
         for problem in report.problems:
             click.echo(f"PROBLEM: {problem}")
-        click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.accounts} accounts, "
-                   f"{report.entries} entries, {len(report.problems)} problems")
+        click.echo(
+            f"{'ok' if report.ok else 'FAILED'}: {report.accounts} accounts, "
+            f"{report.entries} entries, {len(report.problems)} problems"
+        )
     if not report.ok:
         raise SystemExit(1)
 
 
-COMMANDS = [init_command, account_group, user_group, price_group, limits_group, topup_command,
-            grant_command, consume_command, adjust_command, balance_command, quote_command, hold_group,
-            report_command, sweep_command, audit_group]
+COMMANDS = [
+    init_command,
+    account_group,
+    user_group,
+    price_group,
+    limits_group,
+    topup_command,
+    grant_command,
+    consume_command,
+    adjust_command,
+    balance_command,
+    quote_command,
+    hold_group,
+    report_command,
+    sweep_command,
+    audit_group,
+]

@@ -24,12 +24,23 @@ from ledger.timeutil import parse_time
 F = TypeVar("F", bound=Callable[..., Any])
 FORMATS = ("table", "json", "csv")
 
-format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
-                             show_default=True, help="Output format.")
-at_option = click.option("--at", "at", default=None, metavar="TIME",
-                         help="Effective time (ISO 8601, UTC when no offset); default now.")
-key_option = click.option("--idempotency-key", "idempotency_key", default=None, metavar="KEY",
-                          help="Repeat-safe key: a repeat returns the first result.")
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True, help="Output format."
+)
+at_option = click.option(
+    "--at",
+    "at",
+    default=None,
+    metavar="TIME",
+    help="Effective time (ISO 8601, UTC when no offset); default now.",
+)
+key_option = click.option(
+    "--idempotency-key",
+    "idempotency_key",
+    default=None,
+    metavar="KEY",
+    help="Repeat-safe key: a repeat returns the first result.",
+)
 
 _engines: dict[str, Any] = {}
 

@@ -23,8 +23,9 @@ class LedgerError(Exception):
     code = "ledger_error"
     http_status = 400
 
-    def __init__(self, message: str, *, code: str | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code

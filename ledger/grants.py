@@ -49,23 +49,39 @@ class GrantState:
         return (self.priority, self.expires_at is None, self.expires_at or 0, self.id)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "source": self.source, "amount": format_credits(self.amount_ucredits),
-                "remaining": format_credits(self.remaining_ucredits),
-                "effective_at": format_time(self.effective_at),
-                "expires_at": format_time(self.expires_at), "priority": self.priority}
+        return {
+            "id": self.id,
+            "source": self.source,
+            "amount": format_credits(self.amount_ucredits),
+            "remaining": format_credits(self.remaining_ucredits),
+            "effective_at": format_time(self.effective_at),
+            "expires_at": format_time(self.expires_at),
+            "priority": self.priority,
+        }
 
 
-def load_grants(s: Session, account_id: int, *, with_remaining: bool = True,
-                ids: set[int] | None = None) -> list[GrantState]:
+def load_grants(
+    s: Session, account_id: int, *, with_remaining: bool = True, ids: set[int] | None = None
+) -> list[GrantState]:
     """The account's grants in burn order (by default only those with credit left)."""
     query = select(grants_t).where(grants_t.c.account_id == account_id)
     if with_remaining:
         query = query.where(grants_t.c.remaining_ucredits > 0)
     if ids is not None:
         query = query.where(grants_t.c.id.in_(ids))
-    grants = [GrantState(r.id, r.amount_ucredits, r.remaining_ucredits, r.earmarked_ucredits,
-                         r.effective_at, r.expires_at, r.priority, r.source)
-              for r in s.execute(query)]
+    grants = [
+        GrantState(
+            r.id,
+            r.amount_ucredits,
+            r.remaining_ucredits,
+            r.earmarked_ucredits,
+            r.effective_at,
+            r.expires_at,
+            r.priority,
+            r.source,
+        )
+        for r in s.execute(query)
+    ]
     grants.sort(key=GrantState.burn_key)
     return grants
 
@@ -74,10 +90,15 @@ def save_grants(s: Session, grants: list[GrantState]) -> None:
     for g in grants:
         if g.dirty:
             if g.remaining_ucredits < 0 or not 0 <= g.earmarked_ucredits <= g.remaining_ucredits:
-                raise RuntimeError(f"grant {g.id} would break its invariant: "
-                                   f"remaining {g.remaining_ucredits}, earmarked {g.earmarked_ucredits}")
-            s.execute(update(grants_t).where(grants_t.c.id == g.id).values(
-                remaining_ucredits=g.remaining_ucredits, earmarked_ucredits=g.earmarked_ucredits))
+                raise RuntimeError(
+                    f"grant {g.id} would break its invariant: "
+                    f"remaining {g.remaining_ucredits}, earmarked {g.earmarked_ucredits}"
+                )
+            s.execute(
+                update(grants_t)
+                .where(grants_t.c.id == g.id)
+                .values(remaining_ucredits=g.remaining_ucredits, earmarked_ucredits=g.earmarked_ucredits)
+            )
             g.dirty = False
 
 
@@ -86,8 +107,14 @@ def available_now(grants: list[GrantState], account: LockedAccount, at: datetime
     return sum(g.free_ucredits for g in grants if g.active_at(at)) - account.debt_ucredits
 
 
-def take_free(grants: list[GrantState], account: LockedAccount, amount: int, at: datetime,
-              bucket_to: str | None, legs: list[Leg]) -> int:
+def take_free(
+    grants: list[GrantState],
+    account: LockedAccount,
+    amount: int,
+    at: datetime,
+    bucket_to: str | None,
+    legs: list[Leg],
+) -> int:
     """Draw up to `amount` from the free part of grants active at `at`, in burn order.
 
     With bucket_to='held' the credit is earmarked (moved between buckets); with None it
@@ -111,11 +138,20 @@ def take_free(grants: list[GrantState], account: LockedAccount, amount: int, at:
     return need
 
 
-def create_grant(s: Session, account: LockedAccount, amount: str | int, *, source: str,
-                 effective_at: datetime | None = None, expires_at: datetime | None = None,
-                 priority: int = DEFAULT_PRIORITY, reference: str | None = None,
-                 user: str | None = None, idempotency_key: str | None = None,
-                 at: datetime | None = None) -> dict[str, Any]:
+def create_grant(
+    s: Session,
+    account: LockedAccount,
+    amount: str | int,
+    *,
+    source: str,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    reference: str | None = None,
+    user: str | None = None,
+    idempotency_key: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
     """A top-up (source 'topup'), a promotion grant ('grant') or a refund ('refund').
 
     Recorded debt is paid first from the new grant when the grant is already in effect
@@ -128,50 +164,96 @@ def create_grant(s: Session, account: LockedAccount, amount: str | int, *, sourc
     at = at or utcnow()
     effective_at = effective_at or at
     if expires_at is not None and expires_at <= effective_at:
-        raise InvalidInput(f"expiry {format_time(expires_at)} is not after the effective time "
-                           f"{format_time(effective_at)}", code="invalid_time",
-                           details={"effective_at": format_time(effective_at),
-                                    "expires_at": format_time(expires_at)})
+        raise InvalidInput(
+            f"expiry {format_time(expires_at)} is not after the effective time {format_time(effective_at)}",
+            code="invalid_time",
+            details={"effective_at": format_time(effective_at), "expires_at": format_time(expires_at)},
+        )
     if not isinstance(priority, int) or not 0 <= priority <= 1000:
-        raise InvalidInput(f"priority {priority!r} must be a whole number 0..1000",
-                           code="invalid_priority")
-    body = {"amount": amount_ucredits, "source": source, "effective_at": format_time(effective_at),
-            "expires_at": format_time(expires_at), "priority": priority, "reference": reference}
+        raise InvalidInput(f"priority {priority!r} must be a whole number 0..1000", code="invalid_priority")
+    body = {
+        "amount": amount_ucredits,
+        "source": source,
+        "effective_at": format_time(effective_at),
+        "expires_at": format_time(expires_at),
+        "priority": priority,
+        "reference": reference,
+    }
     first = idempotency.replay(s, account.id, idempotency_key, source, body)
     if first is not None:
         return first
-    grant_id = s.execute(insert(grants_t).values(
-        account_id=account.id, source=source, amount_ucredits=amount_ucredits,
-        remaining_ucredits=0, earmarked_ucredits=0, effective_at=effective_at,
-        expires_at=expires_at, priority=priority, reference=reference, entry_id=None,
-    ).returning(grants_t.c.id)).scalar_one()
-    entry = post(s, account, source, effective_at,
-                 [Leg(SOURCES[source], -amount_ucredits),
-                  Leg(account.id, amount_ucredits, "available", grant_id)],
-                 user=user, memo={"reference": reference} if reference else None)
+    grant_id = s.execute(
+        insert(grants_t)
+        .values(
+            account_id=account.id,
+            source=source,
+            amount_ucredits=amount_ucredits,
+            remaining_ucredits=0,
+            earmarked_ucredits=0,
+            effective_at=effective_at,
+            expires_at=expires_at,
+            priority=priority,
+            reference=reference,
+            entry_id=None,
+        )
+        .returning(grants_t.c.id)
+    ).scalar_one()
+    entry = post(
+        s,
+        account,
+        source,
+        effective_at,
+        [Leg(SOURCES[source], -amount_ucredits), Leg(account.id, amount_ucredits, "available", grant_id)],
+        user=user,
+        memo={"reference": reference} if reference else None,
+    )
     remaining = amount_ucredits
     paid_debt = 0
     if account.debt_ucredits > 0 and effective_at <= at:
         paid_debt = min(account.debt_ucredits, amount_ucredits)
-        post(s, account, "debt_paid", effective_at,
-             [Leg(account.id, -paid_debt, "available", grant_id), Leg(account.id, paid_debt, "debt")],
-             user=user, links_entry_id=entry.id)
+        post(
+            s,
+            account,
+            "debt_paid",
+            effective_at,
+            [Leg(account.id, -paid_debt, "available", grant_id), Leg(account.id, paid_debt, "debt")],
+            user=user,
+            links_entry_id=entry.id,
+        )
         remaining -= paid_debt
-    s.execute(update(grants_t).where(grants_t.c.id == grant_id).values(
-        remaining_ucredits=remaining, entry_id=entry.id))
-    result = {"grant": {"id": grant_id, "source": source, "amount": format_credits(amount_ucredits),
-                        "remaining": format_credits(remaining),
-                        "effective_at": format_time(effective_at),
-                        "expires_at": format_time(expires_at), "priority": priority,
-                        "reference": reference},
-              "entry_id": entry.id, "debt_paid": format_credits(paid_debt)}
+    s.execute(
+        update(grants_t)
+        .where(grants_t.c.id == grant_id)
+        .values(remaining_ucredits=remaining, entry_id=entry.id)
+    )
+    result = {
+        "grant": {
+            "id": grant_id,
+            "source": source,
+            "amount": format_credits(amount_ucredits),
+            "remaining": format_credits(remaining),
+            "effective_at": format_time(effective_at),
+            "expires_at": format_time(expires_at),
+            "priority": priority,
+            "reference": reference,
+        },
+        "entry_id": entry.id,
+        "debt_paid": format_credits(paid_debt),
+    }
     idempotency.remember(s, account.id, idempotency_key, source, body, result)
     return result
 
 
-def consume(s: Session, account: LockedAccount, amount: str | int, *, at: datetime | None = None,
-            user: str | None = None, idempotency_key: str | None = None,
-            memo: dict[str, Any] | None = None) -> dict[str, Any]:
+def consume(
+    s: Session,
+    account: LockedAccount,
+    amount: str | int,
+    *,
+    at: datetime | None = None,
+    user: str | None = None,
+    idempotency_key: str | None = None,
+    memo: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Charge credit directly (no hold): all of it from free active credit, or refuse."""
     amount_ucredits = amount if isinstance(amount, int) else parse_credits(amount)
     at = at or utcnow()
@@ -185,8 +267,12 @@ def consume(s: Session, account: LockedAccount, amount: str | int, *, at: dateti
         raise InsufficientCredits(
             f"account {account.name}: consuming {format_credits(amount_ucredits)} credits needs more "
             f"than the {format_credits(available)} available at {format_time(at)}",
-            details={"account": account.name, "needed": format_credits(amount_ucredits),
-                     "available": format_credits(available)})
+            details={
+                "account": account.name,
+                "needed": format_credits(amount_ucredits),
+                "available": format_credits(available),
+            },
+        )
     legs: list[Leg] = []
     short = take_free(grants, account, amount_ucredits, at, None, legs)
     if short:
@@ -194,8 +280,12 @@ def consume(s: Session, account: LockedAccount, amount: str | int, *, at: dateti
     legs.append(Leg(REVENUE, amount_ucredits))
     entry = post(s, account, "consume", at, legs, user=user, memo=memo)
     save_grants(s, grants)
-    result = {"account": account.name, "charged": format_credits(amount_ucredits),
-              "entry_id": entry.id, "at": format_time(at)}
+    result = {
+        "account": account.name,
+        "charged": format_credits(amount_ucredits),
+        "entry_id": entry.id,
+        "at": format_time(at),
+    }
     idempotency.remember(s, account.id, idempotency_key, "consume", body, result)
     return result
 
@@ -207,8 +297,13 @@ def expire_grants(s: Session, account: LockedAccount, at: datetime) -> int:
     for g in grants:
         if g.expires_at is not None and g.expires_at <= at and g.free_ucredits > 0:
             amount = g.free_ucredits
-            post(s, account, "expiry", g.expires_at,
-                 [Leg(account.id, -amount, "available", g.id), Leg(EXPIRED, amount)])
+            post(
+                s,
+                account,
+                "expiry",
+                g.expires_at,
+                [Leg(account.id, -amount, "available", g.id), Leg(EXPIRED, amount)],
+            )
             g.remaining_ucredits -= amount
             g.dirty = True
             total += amount

@@ -66,16 +66,24 @@ class HoldState:
     resolved_at: datetime | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "account": self.account, "user": self.user, "cluster": self.cluster,
-                "job_id": self.job_id, "run": self.run, "state": self.state,
-                "amount": format_credits(self.amount_ucredits),
-                "charged": format_credits(self.charged_ucredits),
-                "expires_at": format_time(self.expires_at),
-                "gpus": self.gpus, "partition": self.partition,
-                "rate": format_rate(self.rate_ucredits_per_hour),
-                "started_at": format_time(self.started_at),
-                "charged_seconds": self.charged_seconds,
-                "resolved_at": format_time(self.resolved_at)}
+        return {
+            "id": self.id,
+            "account": self.account,
+            "user": self.user,
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "run": self.run,
+            "state": self.state,
+            "amount": format_credits(self.amount_ucredits),
+            "charged": format_credits(self.charged_ucredits),
+            "expires_at": format_time(self.expires_at),
+            "gpus": self.gpus,
+            "partition": self.partition,
+            "rate": format_rate(self.rate_ucredits_per_hour),
+            "started_at": format_time(self.started_at),
+            "charged_seconds": self.charged_seconds,
+            "resolved_at": format_time(self.resolved_at),
+        }
 
 
 @dataclass
@@ -92,7 +100,8 @@ _HOLD_COLUMNS = [c for c in holds_t.c if c.name != "request_hash"]
 
 def _hold_query() -> Any:
     return select(*_HOLD_COLUMNS, accounts_t.c.name.label("account")).join(
-        accounts_t, accounts_t.c.id == holds_t.c.account_id)
+        accounts_t, accounts_t.c.id == holds_t.c.account_id
+    )
 
 
 def _to_state(row: Any) -> HoldState:
@@ -108,13 +117,26 @@ def get_hold(s: Session, hold_id: int) -> HoldState:
 
 
 def find_hold(s: Session, cluster: str, job_id: int, run: int) -> HoldState | None:
-    row = s.execute(_hold_query().where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id,
-                                        holds_t.c.run == run)).first()
+    row = s.execute(
+        _hold_query().where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.run == run)
+    ).first()
     return None if row is None else _to_state(row)
 
 
-def list_holds(s: Session, account: str | None = None, state: str | None = None,
-               limit: int = 1000) -> list[HoldState]:
+def find_active_hold(s: Session, cluster: str, job_id: int) -> HoldState | None:
+    """The job's one active hold, whatever its run (a job runs once at a time)."""
+    row = s.execute(
+        _hold_query()
+        .where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == "active")
+        .order_by(holds_t.c.run.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else _to_state(row)
+
+
+def list_holds(
+    s: Session, account: str | None = None, state: str | None = None, limit: int = 1000
+) -> list[HoldState]:
     query = _hold_query()
     if account is not None:
         query = query.where(accounts_t.c.name == account)
@@ -132,16 +154,22 @@ def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
 
 # -- limits ---------------------------------------------------------------------------------
 
+
 def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
     """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
-    query = select(func.coalesce(func.sum(holds_t.c.gpu_count), 0),
-                   func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
-                   func.coalesce(func.sum(holds_t.c.amount_ucredits - holds_t.c.charged_ucredits), 0)
-                   ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active",
-                           holds_t.c.amount_ucredits > holds_t.c.charged_ucredits)
-    gpus_q = select(func.coalesce(func.sum(holds_t.c.gpu_count), 0),
-                    func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0)).where(
-        holds_t.c.account_id == account_id, holds_t.c.state == "active")
+    query = select(
+        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+        func.coalesce(func.sum(holds_t.c.amount_ucredits - holds_t.c.charged_ucredits), 0),
+    ).where(
+        holds_t.c.account_id == account_id,
+        holds_t.c.state == "active",
+        holds_t.c.amount_ucredits > holds_t.c.charged_ucredits,
+    )
+    gpus_q = select(
+        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+    ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
     if user is not None:
         query = query.where(holds_t.c.user == user)
         gpus_q = gpus_q.where(holds_t.c.user == user)
@@ -153,17 +181,24 @@ def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tup
 def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
     """Charges (net of refunds) effective on `at`'s UTC day."""
     start, end = day_bounds(at)
-    query = select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0)).join(
-        entries_t, entries_t.c.id == postings_t.c.entry_id).where(
-        entries_t.c.account_id == account_id, postings_t.c.account_id == REVENUE,
-        entries_t.c.effective_at >= start, entries_t.c.effective_at < end)
+    query = (
+        select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(
+            entries_t.c.account_id == account_id,
+            postings_t.c.account_id == REVENUE,
+            entries_t.c.effective_at >= start,
+            entries_t.c.effective_at < end,
+        )
+    )
     if user is not None:
         query = query.where(entries_t.c.user == user)
     return int(s.execute(query).scalar_one())
 
 
-def check_limits(s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int,
-                 amount: int, at: datetime) -> None:
+def check_limits(
+    s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int, amount: int, at: datetime
+) -> None:
     """Refuse a new hold that would break a user or account cap, naming value and cap."""
     for scope, who in (("user", user), ("account", None)):
         limits = limits_for(s, account.id, who)
@@ -173,62 +208,95 @@ def check_limits(s: Session, account: LockedAccount, user: str, gpu_count: int, 
         gpus_now, rate_now, held_now = _usage_of_active_holds(s, account.id, who)
         if limits.max_gpus is not None and gpus_now + gpu_count > limits.max_gpus:
             value = gpus_now + gpu_count
-            raise LimitExceeded("concurrent_gpus",
-                                f"{subject}: {value} concurrent GPUs would exceed the cap of "
-                                f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
-                                {"limit": "concurrent_gpus", "scope": scope, "value": value,
-                                 "cap": limits.max_gpus})
+            raise LimitExceeded(
+                "concurrent_gpus",
+                f"{subject}: {value} concurrent GPUs would exceed the cap of "
+                f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
+                {"limit": "concurrent_gpus", "scope": scope, "value": value, "cap": limits.max_gpus},
+            )
         if limits.max_rate_ucredits_per_second is not None:
             cap_per_hour = limits.max_rate_ucredits_per_second * 3600
             if rate_now + rate > cap_per_hour:
                 value = format_rate(rate_now + rate)
                 cap = format_rate(cap_per_hour)
-                raise LimitExceeded("spend_rate",
-                                    f"{subject}: spend rate {value}/s would exceed the cap of "
-                                    f"{cap}/s", {"limit": "spend_rate", "scope": scope,
-                                                 "value": value, "cap": cap})
+                raise LimitExceeded(
+                    "spend_rate",
+                    f"{subject}: spend rate {value}/s would exceed the cap of {cap}/s",
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap},
+                )
         if limits.daily_cap_ucredits is not None:
             spent = spent_on_day(s, account.id, who, at)
             value_u = spent + held_now + amount
             if value_u > limits.daily_cap_ucredits:
                 value = format_credits(value_u)
                 cap = format_credits(limits.daily_cap_ucredits)
-                raise LimitExceeded("daily_cap",
-                                    f"{subject}: {value} credits today would exceed the daily cap "
-                                    f"of {cap} ({format_credits(spent)} spent + "
-                                    f"{format_credits(held_now)} held + {format_credits(amount)} "
-                                    "for this job)",
-                                    {"limit": "daily_cap", "scope": scope, "value": value, "cap": cap,
-                                     "spent": format_credits(spent), "held": format_credits(held_now),
-                                     "requested": format_credits(amount)})
+                raise LimitExceeded(
+                    "daily_cap",
+                    f"{subject}: {value} credits today would exceed the daily cap "
+                    f"of {cap} ({format_credits(spent)} spent + "
+                    f"{format_credits(held_now)} held + {format_credits(amount)} "
+                    "for this job)",
+                    {
+                        "limit": "daily_cap",
+                        "scope": scope,
+                        "value": value,
+                        "cap": cap,
+                        "spent": format_credits(spent),
+                        "held": format_credits(held_now),
+                        "requested": format_credits(amount),
+                    },
+                )
 
 
 # -- create -----------------------------------------------------------------------------------
 
-def create_hold(s: Session, account_name: str, *, user: str, job_id: int, gpus: str | dict[str, int],
-                seconds: int | str, cluster: str = "default", run: int = 0,
-                partition: str | None = None, at: datetime | None = None,
-                grace_seconds: int = DEFAULT_GRACE_SECONDS) -> HoldState:
+
+def create_hold(
+    s: Session,
+    account_name: str,
+    *,
+    user: str,
+    job_id: int,
+    gpus: str | dict[str, int],
+    seconds: int | str,
+    cluster: str = "default",
+    run: int = 0,
+    partition: str | None = None,
+    at: datetime | None = None,
+    grace_seconds: int = DEFAULT_GRACE_SECONDS,
+) -> HoldState:
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
     seconds = parse_seconds(seconds, field="seconds")
     if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id < MAX_JOB_ID:
-        raise InvalidInput(f"job id {job_id!r} must be a positive whole number", code="invalid_job",
-                           details={"job_id": job_id})
+        raise InvalidInput(
+            f"job id {job_id!r} must be a positive whole number",
+            code="invalid_job",
+            details={"job_id": job_id},
+        )
     if not isinstance(run, int) or run < 0:
         raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
     at = at or utcnow()
     account = lock_account(s, account_name)
-    body = {"account": account_name, "user": user, "gpus": format_gpus(gpu_map), "seconds": seconds,
-            "partition": partition}
+    body = {
+        "account": account_name,
+        "user": user,
+        "gpus": format_gpus(gpu_map),
+        "seconds": seconds,
+        "partition": partition,
+    }
     digest = request_hash("hold", body)
     existing = find_hold(s, cluster, job_id, run)
     if existing is not None:
-        if s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one() \
-                != digest:
-            raise Conflict(f"job {cluster}/{job_id} run {run} already holds credit for a "
-                           "different request", code="idempotency_conflict",
-                           details={"hold_id": existing.id})
+        if (
+            s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
+            != digest
+        ):
+            raise Conflict(
+                f"job {cluster}/{job_id} run {run} already holds credit for a different request",
+                code="idempotency_conflict",
+                details={"hold_id": existing.id},
+            )
         return existing
     rate, unit_prices = rate_for(s, gpu_map, partition, at)
     amount = charge_for(rate, seconds)
@@ -240,53 +308,108 @@ def create_hold(s: Session, account_name: str, *, user: str, job_id: int, gpus: 
         raise InsufficientCredits(
             f"account {account.name}: this job needs {format_credits(amount)} credits "
             f"({format_gpus(gpu_map)} for {seconds} s) but {format_credits(available)} are available",
-            details={"account": account.name, "needed": format_credits(amount),
-                     "available": format_credits(available)})
+            details={
+                "account": account.name,
+                "needed": format_credits(amount),
+                "available": format_credits(available),
+            },
+        )
     legs: list[Leg] = []
     if take_free(grants, account, amount, at, "held", legs):
         raise RuntimeError("available credit was computed but could not be earmarked")
     expires_at = at + timedelta(seconds=seconds + grace_seconds)
-    hold_id = s.execute(insert(holds_t).values(
-        account_id=account.id, user=user, cluster=cluster, job_id=job_id, run=run,
-        partition=partition, gpus=format_gpus(gpu_map), gpu_count=gpu_count,
-        unit_prices=format_gpus(unit_prices),
-        rate_ucredits_per_hour=rate, limit_seconds=seconds, amount_ucredits=amount,
-        charged_ucredits=0, charged_seconds=0, debt_ucredits=0, state="active", started_at=at,
-        expires_at=expires_at, resolved_at=None, request_hash=digest,
-    ).returning(holds_t.c.id)).scalar_one()
-    post(s, account, "hold", at, legs, user=user, hold_id=hold_id,
-         memo={"job": f"{cluster}/{job_id}/{run}", "gpus": format_gpus(gpu_map), "seconds": seconds})
+    hold_id = s.execute(
+        insert(holds_t)
+        .values(
+            account_id=account.id,
+            user=user,
+            cluster=cluster,
+            job_id=job_id,
+            run=run,
+            partition=partition,
+            gpus=format_gpus(gpu_map),
+            gpu_count=gpu_count,
+            unit_prices=format_gpus(unit_prices),
+            rate_ucredits_per_hour=rate,
+            limit_seconds=seconds,
+            amount_ucredits=amount,
+            charged_ucredits=0,
+            charged_seconds=0,
+            debt_ucredits=0,
+            state="active",
+            started_at=at,
+            expires_at=expires_at,
+            resolved_at=None,
+            request_hash=digest,
+        )
+        .returning(holds_t.c.id)
+    ).scalar_one()
+    post(
+        s,
+        account,
+        "hold",
+        at,
+        legs,
+        user=user,
+        hold_id=hold_id,
+        memo={"job": f"{cluster}/{job_id}/{run}", "gpus": format_gpus(gpu_map), "seconds": seconds},
+    )
     earmarks = [(leg.grant_id, leg.amount_ucredits) for leg in legs if leg.bucket == "held"]
     if earmarks:
-        s.execute(insert(allocations_t), [
-            {"hold_id": hold_id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
-            for g, a in earmarks])
+        s.execute(
+            insert(allocations_t),
+            [
+                {"hold_id": hold_id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
+                for g, a in earmarks
+            ],
+        )
     save_grants(s, grants)
     return get_hold(s, hold_id)
 
 
 # -- charges ----------------------------------------------------------------------------------
 
+
 def _load_allocations(s: Session, hold_id: int) -> dict[int, Allocation]:
-    return {r.grant_id: Allocation(r.grant_id, r.earmarked_ucredits, r.drawn_ucredits)
-            for r in s.execute(select(allocations_t).where(allocations_t.c.hold_id == hold_id))}
+    return {
+        r.grant_id: Allocation(r.grant_id, r.earmarked_ucredits, r.drawn_ucredits)
+        for r in s.execute(select(allocations_t).where(allocations_t.c.hold_id == hold_id))
+    }
 
 
 def _save_allocations(s: Session, hold_id: int, allocations: dict[int, Allocation]) -> None:
     new = [a for a in allocations.values() if a.is_new]
     if new:
-        s.execute(insert(allocations_t), [
-            {"hold_id": hold_id, "grant_id": a.grant_id, "earmarked_ucredits": a.earmarked_ucredits,
-             "drawn_ucredits": a.drawn_ucredits} for a in new])
+        s.execute(
+            insert(allocations_t),
+            [
+                {
+                    "hold_id": hold_id,
+                    "grant_id": a.grant_id,
+                    "earmarked_ucredits": a.earmarked_ucredits,
+                    "drawn_ucredits": a.drawn_ucredits,
+                }
+                for a in new
+            ],
+        )
     for a in allocations.values():
         if a.dirty and not a.is_new:
-            s.execute(update(allocations_t).where(allocations_t.c.hold_id == hold_id,
-                                                  allocations_t.c.grant_id == a.grant_id).values(
-                earmarked_ucredits=a.earmarked_ucredits, drawn_ucredits=a.drawn_ucredits))
+            s.execute(
+                update(allocations_t)
+                .where(allocations_t.c.hold_id == hold_id, allocations_t.c.grant_id == a.grant_id)
+                .values(earmarked_ucredits=a.earmarked_ucredits, drawn_ucredits=a.drawn_ucredits)
+            )
 
 
-def _draw(account: LockedAccount, hold: HoldState, grants: list[GrantState],
-          allocations: dict[int, Allocation], amount: int, at: datetime, legs: list[Leg]) -> None:
+def _draw(
+    account: LockedAccount,
+    hold: HoldState,
+    grants: list[GrantState],
+    allocations: dict[int, Allocation],
+    amount: int,
+    at: datetime,
+    legs: list[Leg],
+) -> None:
     need = amount
     for g in grants:
         if need == 0:
@@ -318,8 +441,14 @@ def _draw(account: LockedAccount, hold: HoldState, grants: list[GrantState],
     legs.append(Leg(REVENUE, amount))
 
 
-def _refund(account: LockedAccount, hold: HoldState, grants: list[GrantState],
-            allocations: dict[int, Allocation], amount: int, legs: list[Leg]) -> int:
+def _refund(
+    account: LockedAccount,
+    hold: HoldState,
+    grants: list[GrantState],
+    allocations: dict[int, Allocation],
+    amount: int,
+    legs: list[Leg],
+) -> int:
     """Give back `amount` of what this hold was charged: debt first, then its grants in
     reverse burn order. Returns what could not be placed (to become a refund grant)."""
     left = amount
@@ -343,8 +472,9 @@ def _refund(account: LockedAccount, hold: HoldState, grants: list[GrantState],
     return left
 
 
-def _release_earmarks(account: LockedAccount, grants: list[GrantState],
-                      allocations: dict[int, Allocation], legs: list[Leg]) -> None:
+def _release_earmarks(
+    account: LockedAccount, grants: list[GrantState], allocations: dict[int, Allocation], legs: list[Leg]
+) -> None:
     for g in grants:
         alloc = allocations.get(g.id)
         if alloc is None or alloc.earmarked_ucredits == 0:
@@ -368,9 +498,19 @@ def _grants_for(s: Session, account: LockedAccount, allocations: dict[int, Alloc
     return sorted(grants.values(), key=GrantState.burn_key)
 
 
-def _apply(s: Session, account: LockedAccount, hold: HoldState, *, kind: str, at: datetime,
-           target_ucredits: int, seconds: int | None, new_state: str | None,
-           links_entry_id: int | None = None, memo: dict[str, Any] | None = None) -> HoldState:
+def _apply(
+    s: Session,
+    account: LockedAccount,
+    hold: HoldState,
+    *,
+    kind: str,
+    at: datetime,
+    target_ucredits: int,
+    seconds: int | None,
+    new_state: str | None,
+    links_entry_id: int | None = None,
+    memo: dict[str, Any] | None = None,
+) -> HoldState:
     """Bring a hold's cumulative charge to `target_ucredits` and optionally resolve it."""
     allocations = _load_allocations(s, hold.id)
     grants = _grants_for(s, account, allocations)
@@ -383,15 +523,32 @@ def _apply(s: Session, account: LockedAccount, hold: HoldState, *, kind: str, at
         unplaced = _refund(account, hold, grants, allocations, -delta, legs)
     if new_state is not None:
         _release_earmarks(account, grants, allocations, legs)
-    post(s, account, kind, at, legs, user=hold.user, hold_id=hold.id,
-                 links_entry_id=links_entry_id,
-                 memo={"job": f"{hold.cluster}/{hold.job_id}/{hold.run}", "charge": delta,
-                       **({"seconds": seconds, "delta_seconds": seconds - hold.charged_seconds}
-                          if seconds is not None else {}), **(memo or {})})
+    post(
+        s,
+        account,
+        kind,
+        at,
+        legs,
+        user=hold.user,
+        hold_id=hold.id,
+        links_entry_id=links_entry_id,
+        memo={
+            "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
+            "charge": delta,
+            **(
+                {"seconds": seconds, "delta_seconds": seconds - hold.charged_seconds}
+                if seconds is not None
+                else {}
+            ),
+            **(memo or {}),
+        },
+    )
     save_grants(s, grants)
     _save_allocations(s, hold.id, allocations)
-    values: dict[str, Any] = {"charged_ucredits": target_ucredits - unplaced,
-                              "debt_ucredits": hold.debt_ucredits}
+    values: dict[str, Any] = {
+        "charged_ucredits": target_ucredits - unplaced,
+        "debt_ucredits": hold.debt_ucredits,
+    }
     if seconds is not None:
         values["charged_seconds"] = seconds
     if new_state is not None:
@@ -402,54 +559,92 @@ def _apply(s: Session, account: LockedAccount, hold: HoldState, *, kind: str, at
     return get_hold(s, hold.id)
 
 
-def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str,
-               at: datetime | None = None) -> HoldState:
+def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str, at: datetime | None = None) -> HoldState:
     """Provisional charge for the seconds run so far; never moves backwards."""
     elapsed = parse_seconds(elapsed_seconds, field="elapsed")
     account, hold = _lock_hold(s, hold_id)
     if hold.state != "active":
-        raise Conflict(f"hold {hold_id} is {hold.state}; usage can only be charged on an active hold",
-                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
+        raise Conflict(
+            f"hold {hold_id} is {hold.state}; usage can only be charged on an active hold",
+            code="hold_resolved",
+            details={"hold_id": hold_id, "state": hold.state},
+        )
     if elapsed <= hold.charged_seconds:
         return hold
     at = at or hold.started_at + timedelta(seconds=elapsed)
-    return _apply(s, account, hold, kind="usage", at=at,
-                  target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
-                  seconds=elapsed, new_state=None)
+    return _apply(
+        s,
+        account,
+        hold,
+        kind="usage",
+        at=at,
+        target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+        seconds=elapsed,
+        new_state=None,
+    )
 
 
-def settle_hold(s: Session, hold_id: int, elapsed_seconds: int | str,
-                at: datetime | None = None) -> HoldState:
+def settle_hold(
+    s: Session, hold_id: int, elapsed_seconds: int | str, at: datetime | None = None
+) -> HoldState:
     """Final charge for the run's elapsed seconds; the rest of the hold returns. Exactly once."""
     elapsed = parse_seconds(elapsed_seconds, field="elapsed")
     account, hold = _lock_hold(s, hold_id)
     if hold.state != "active":
         if hold.state == "settled" and hold.charged_seconds == elapsed:
             return hold
-        raise Conflict(f"hold {hold_id} is already {hold.state}; it resolves exactly once",
-                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
+        raise Conflict(
+            f"hold {hold_id} is already {hold.state}; it resolves exactly once",
+            code="hold_resolved",
+            details={"hold_id": hold_id, "state": hold.state},
+        )
     at = at or hold.started_at + timedelta(seconds=elapsed)
-    return _apply(s, account, hold, kind="settle", at=at,
-                  target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
-                  seconds=elapsed, new_state="settled")
+    return _apply(
+        s,
+        account,
+        hold,
+        kind="settle",
+        at=at,
+        target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+        seconds=elapsed,
+        new_state="settled",
+    )
 
 
-def release_hold(s: Session, hold_id: int, at: datetime | None = None, *,
-                 state: str = "released") -> HoldState:
+def release_hold(
+    s: Session, hold_id: int, at: datetime | None = None, *, state: str = "released"
+) -> HoldState:
     """Void the rest of a hold (charges already posted stay). Repeats are harmless."""
     account, hold = _lock_hold(s, hold_id)
     if hold.state != "active":
         if hold.state == state:
             return hold
-        raise Conflict(f"hold {hold_id} is already {hold.state}; it resolves exactly once",
-                       code="hold_resolved", details={"hold_id": hold_id, "state": hold.state})
-    return _apply(s, account, hold, kind="release" if state == "released" else "expire",
-                  at=at or utcnow(), target_ucredits=hold.charged_ucredits, seconds=None,
-                  new_state=state)
+        raise Conflict(
+            f"hold {hold_id} is already {hold.state}; it resolves exactly once",
+            code="hold_resolved",
+            details={"hold_id": hold_id, "state": hold.state},
+        )
+    return _apply(
+        s,
+        account,
+        hold,
+        kind="release" if state == "released" else "expire",
+        at=at or utcnow(),
+        target_ucredits=hold.charged_ucredits,
+        seconds=None,
+        new_state=state,
+    )
 
 
-def adjust_hold(s: Session, hold_id: int, target_ucredits: int, *, at: datetime | None = None,
-                reason: str = "", links_entry_id: int | None = None) -> HoldState:
+def adjust_hold(
+    s: Session,
+    hold_id: int,
+    target_ucredits: int,
+    *,
+    at: datetime | None = None,
+    reason: str = "",
+    links_entry_id: int | None = None,
+) -> HoldState:
     """Correct a run's total charge (the bridge's reconciliation); links to the hold's charge."""
     if target_ucredits < 0:
         raise InvalidInput("a run's charge cannot be negative", code="invalid_amount")
@@ -458,20 +653,35 @@ def adjust_hold(s: Session, hold_id: int, target_ucredits: int, *, at: datetime 
         return hold
     if links_entry_id is None:
         links_entry_id = s.execute(
-            select(entries_t.c.id).where(entries_t.c.hold_id == hold_id,
-                                         entries_t.c.kind.in_(("settle", "release", "expire")))
-            .order_by(entries_t.c.id.desc()).limit(1)).scalar()
-    return _apply(s, account, hold, kind="adjust", at=at or utcnow(), target_ucredits=target_ucredits,
-                  seconds=None, new_state=None, links_entry_id=links_entry_id,
-                  memo={"reason": reason} if reason else None)
+            select(entries_t.c.id)
+            .where(entries_t.c.hold_id == hold_id, entries_t.c.kind.in_(("settle", "release", "expire")))
+            .order_by(entries_t.c.id.desc())
+            .limit(1)
+        ).scalar()
+    return _apply(
+        s,
+        account,
+        hold,
+        kind="adjust",
+        at=at or utcnow(),
+        target_ucredits=target_ucredits,
+        seconds=None,
+        new_state=None,
+        links_entry_id=links_entry_id,
+        memo={"reason": reason} if reason else None,
+    )
 
 
 def expire_holds(s: Session, account_name: str, at: datetime) -> list[int]:
     """Resolve holds past time limit + grace, so a lost epilog never strands credit."""
     lock_account(s, account_name)
-    ids = list(s.execute(select(holds_t.c.id).join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-                         .where(accounts_t.c.name == account_name, holds_t.c.state == "active",
-                                holds_t.c.expires_at <= at)).scalars())
+    ids = list(
+        s.execute(
+            select(holds_t.c.id)
+            .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
+            .where(accounts_t.c.name == account_name, holds_t.c.state == "active", holds_t.c.expires_at <= at)
+        ).scalars()
+    )
     for hold_id in ids:
         release_hold(s, hold_id, at, state="expired")
     return ids

@@ -25,8 +25,7 @@ postings_t = Posting.__table__
 grants_t = Grant.__table__
 
 # System accounts have fixed negative ids so customer ids from the sequence never clash.
-SYSTEM_IDS = {"system:payments": -1, "system:promotions": -2, "system:revenue": -3,
-              "system:expired": -4}
+SYSTEM_IDS = {"system:payments": -1, "system:promotions": -2, "system:revenue": -3, "system:expired": -4}
 PAYMENTS, PROMOTIONS, REVENUE, EXPIRED = (SYSTEM_IDS[n] for n in SYSTEM_IDS)
 
 
@@ -57,20 +56,49 @@ class PostedEntry:
     legs: list[Leg] = field(default_factory=list)
 
 
-def entry_hash(prev_hash: str, account_id: int, seq: int, kind: str, effective_at: datetime,
-               recorded_at: datetime, user: str | None, hold_id: int | None,
-               links_entry_id: int | None, memo: str, legs: list[tuple[int, int | None, str, int]]) -> str:
-    head = "\x1f".join([
-        prev_hash, str(account_id), str(seq), kind, format_time(effective_at) or "",
-        format_time(recorded_at) or "", user or "", str(hold_id or ""), str(links_entry_id or ""), memo,
-    ])
+def entry_hash(
+    prev_hash: str,
+    account_id: int,
+    seq: int,
+    kind: str,
+    effective_at: datetime,
+    recorded_at: datetime,
+    user: str | None,
+    hold_id: int | None,
+    links_entry_id: int | None,
+    memo: str,
+    legs: list[tuple[int, int | None, str, int]],
+) -> str:
+    head = "\x1f".join(
+        [
+            prev_hash,
+            str(account_id),
+            str(seq),
+            kind,
+            format_time(effective_at) or "",
+            format_time(recorded_at) or "",
+            user or "",
+            str(hold_id or ""),
+            str(links_entry_id or ""),
+            memo,
+        ]
+    )
     body = "\x1e".join(f"{a},{g if g is not None else ''},{b},{m}" for a, g, b, m in legs)
     return hashlib.sha256(f"{head}\x1d{body}".encode()).hexdigest()
 
 
-def post(s: Session, account: LockedAccount, kind: str, effective_at: datetime, legs: list[Leg], *,
-         user: str | None = None, hold_id: int | None = None, links_entry_id: int | None = None,
-         memo: dict[str, Any] | None = None) -> PostedEntry:
+def post(
+    s: Session,
+    account: LockedAccount,
+    kind: str,
+    effective_at: datetime,
+    legs: list[Leg],
+    *,
+    user: str | None = None,
+    hold_id: int | None = None,
+    links_entry_id: int | None = None,
+    memo: dict[str, Any] | None = None,
+) -> PostedEntry:
     """Append one entry for `account` (locked by the caller); legs must sum to zero."""
     legs = [leg for leg in legs if leg.amount_ucredits != 0]
     total = sum(leg.amount_ucredits for leg in legs)
@@ -79,27 +107,59 @@ def post(s: Session, account: LockedAccount, kind: str, effective_at: datetime, 
     memo_text = json.dumps(memo, sort_keys=True, separators=(",", ":")) if memo else ""
     recorded_at = utcnow()
     seq = account.entry_count + 1
-    digest = entry_hash(account.head_hash, account.id, seq, kind, effective_at, recorded_at, user,
-                        hold_id, links_entry_id, memo_text,
-                        [(g.account_id, g.grant_id, g.bucket, g.amount_ucredits) for g in legs])
+    digest = entry_hash(
+        account.head_hash,
+        account.id,
+        seq,
+        kind,
+        effective_at,
+        recorded_at,
+        user,
+        hold_id,
+        links_entry_id,
+        memo_text,
+        [(g.account_id, g.grant_id, g.bucket, g.amount_ucredits) for g in legs],
+    )
     entry_id = s.execute(
-        insert(entries_t).values(
-            account_id=account.id, seq=seq, kind=kind, effective_at=effective_at,
-            recorded_at=recorded_at, user=user, hold_id=hold_id, links_entry_id=links_entry_id,
-            memo=memo_text, prev_hash=account.head_hash, hash=digest,
-        ).returning(entries_t.c.id)
+        insert(entries_t)
+        .values(
+            account_id=account.id,
+            seq=seq,
+            kind=kind,
+            effective_at=effective_at,
+            recorded_at=recorded_at,
+            user=user,
+            hold_id=hold_id,
+            links_entry_id=links_entry_id,
+            memo=memo_text,
+            prev_hash=account.head_hash,
+            hash=digest,
+        )
+        .returning(entries_t.c.id)
     ).scalar_one()
     if legs:
-        s.execute(insert(postings_t), [
-            {"entry_id": entry_id, "account_id": g.account_id, "grant_id": g.grant_id,
-             "bucket": g.bucket, "amount_ucredits": g.amount_ucredits} for g in legs
-        ])
+        s.execute(
+            insert(postings_t),
+            [
+                {
+                    "entry_id": entry_id,
+                    "account_id": g.account_id,
+                    "grant_id": g.grant_id,
+                    "bucket": g.bucket,
+                    "amount_ucredits": g.amount_ucredits,
+                }
+                for g in legs
+            ],
+        )
     debt_change = -sum(g.amount_ucredits for g in legs if g.bucket == "debt")
     account.entry_count = seq
     account.head_hash = digest
     account.debt_ucredits += debt_change
-    s.execute(update(accounts_t).where(accounts_t.c.id == account.id).values(
-        entry_count=seq, head_hash=digest, debt_ucredits=account.debt_ucredits))
+    s.execute(
+        update(accounts_t)
+        .where(accounts_t.c.id == account.id)
+        .values(entry_count=seq, head_hash=digest, debt_ucredits=account.debt_ucredits)
+    )
     return PostedEntry(entry_id, seq, effective_at, legs)
 
 
@@ -117,8 +177,9 @@ class VerifyReport:
 def verify(s: Session) -> VerifyReport:
     """Recompute every chain and every projection from the journal; report each mismatch."""
     report = VerifyReport()
-    accounts = s.execute(select(accounts_t).where(accounts_t.c.kind == "customer")
-                         .order_by(accounts_t.c.id)).all()
+    accounts = s.execute(
+        select(accounts_t).where(accounts_t.c.kind == "customer").order_by(accounts_t.c.id)
+    ).all()
     for acct in accounts:
         report.accounts += 1
         _verify_account(s, acct, report)
@@ -128,19 +189,27 @@ def verify(s: Session) -> VerifyReport:
 def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
     legs_by_entry: dict[int, list[tuple[int, int | None, str, int]]] = {}
     for row in s.execute(
-        select(postings_t.c.entry_id, postings_t.c.account_id, postings_t.c.grant_id,
-               postings_t.c.bucket, postings_t.c.amount_ucredits)
+        select(
+            postings_t.c.entry_id,
+            postings_t.c.account_id,
+            postings_t.c.grant_id,
+            postings_t.c.bucket,
+            postings_t.c.amount_ucredits,
+        )
         .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
-        .where(entries_t.c.account_id == acct.id).order_by(postings_t.c.id)
+        .where(entries_t.c.account_id == acct.id)
+        .order_by(postings_t.c.id)
     ):
         legs_by_entry.setdefault(row.entry_id, []).append(
-            (row.account_id, row.grant_id, row.bucket, row.amount_ucredits))
+            (row.account_id, row.grant_id, row.bucket, row.amount_ucredits)
+        )
     prev = ""
     expected_seq = 0
     grant_totals: dict[int, list[int]] = {}
     debt = 0
-    for entry in s.execute(select(entries_t).where(entries_t.c.account_id == acct.id)
-                           .order_by(entries_t.c.seq)):
+    for entry in s.execute(
+        select(entries_t).where(entries_t.c.account_id == acct.id).order_by(entries_t.c.seq)
+    ):
         report.entries += 1
         expected_seq += 1
         where = f"account {acct.name} entry {entry.id} (seq {entry.seq})"
@@ -150,9 +219,19 @@ def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
         if entry.prev_hash != prev:
             report.problems.append(f"{where}: prev_hash does not match the previous entry")
         legs = legs_by_entry.get(entry.id, [])
-        digest = entry_hash(entry.prev_hash, entry.account_id, entry.seq, entry.kind,
-                            entry.effective_at, entry.recorded_at, entry.user,
-                            entry.hold_id, entry.links_entry_id, entry.memo, legs)
+        digest = entry_hash(
+            entry.prev_hash,
+            entry.account_id,
+            entry.seq,
+            entry.kind,
+            entry.effective_at,
+            entry.recorded_at,
+            entry.user,
+            entry.hold_id,
+            entry.links_entry_id,
+            entry.memo,
+            legs,
+        )
         if digest != entry.hash:
             report.problems.append(f"{where}: hash mismatch; the entry or its postings were edited")
         if sum(leg[3] for leg in legs) != 0:
@@ -167,8 +246,10 @@ def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
                 totals[0 if bucket == "available" else 1] += amount
         prev = entry.hash
     if prev != acct.head_hash or expected_seq != acct.entry_count:
-        report.problems.append(f"account {acct.name}: chain head does not match its last entry "
-                               "(entries were removed or appended outside the ledger)")
+        report.problems.append(
+            f"account {acct.name}: chain head does not match its last entry "
+            "(entries were removed or appended outside the ledger)"
+        )
     if debt != acct.debt_ucredits:
         report.problems.append(f"account {acct.name}: debt {acct.debt_ucredits} != journal {debt}")
     for grant in s.execute(select(grants_t).where(grants_t.c.account_id == acct.id)):
@@ -176,4 +257,5 @@ def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
         if (grant.remaining_ucredits, grant.earmarked_ucredits) != (available + held, held):
             report.problems.append(
                 f"account {acct.name} grant {grant.id}: remaining/earmarked "
-                f"{grant.remaining_ucredits}/{grant.earmarked_ucredits} != journal {available + held}/{held}")
+                f"{grant.remaining_ucredits}/{grant.earmarked_ucredits} != journal {available + held}/{held}"
+            )

@@ -70,8 +70,10 @@ class Account(Base):
     """A Slurm account that pays (`customer`), or a system account (`system`)."""
 
     __tablename__ = "accounts"
-    __table_args__ = (CheckConstraint("kind IN ('customer', 'system')", name="kind"),
-                      CheckConstraint("debt_ucredits >= 0", name="debt"))
+    __table_args__ = (
+        CheckConstraint("kind IN ('customer', 'system')", name="kind"),
+        CheckConstraint("debt_ucredits >= 0", name="debt"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[Name] = mapped_column(unique=True)
@@ -101,8 +103,9 @@ class Limit(Base):
     __table_args__ = (
         UniqueConstraint("account_id", "user"),
         CheckConstraint("max_gpus IS NULL OR max_gpus >= 0", name="max_gpus"),
-        CheckConstraint("max_rate_ucredits_per_second IS NULL OR max_rate_ucredits_per_second >= 0",
-                        name="max_rate"),
+        CheckConstraint(
+            "max_rate_ucredits_per_second IS NULL OR max_rate_ucredits_per_second >= 0", name="max_rate"
+        ),
         CheckConstraint("daily_cap_ucredits IS NULL OR daily_cap_ucredits >= 0", name="daily_cap"),
     )
 
@@ -119,8 +122,10 @@ class Price(Base):
     """Credits per GPU-hour for a GRES type (and optionally a partition), from a time on."""
 
     __tablename__ = "prices"
-    __table_args__ = (CheckConstraint("ucredits_per_gpu_hour >= 0", name="price"),
-                      Index(None, "gres", "partition", "effective_at"))
+    __table_args__ = (
+        CheckConstraint("ucredits_per_gpu_hour >= 0", name="price"),
+        Index(None, "gres", "partition", "effective_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     gres: Mapped[str] = mapped_column(String(64))
@@ -137,8 +142,9 @@ class Grant(Base):
     __table_args__ = (
         CheckConstraint("amount_ucredits > 0", name="amount"),
         CheckConstraint("remaining_ucredits >= 0", name="remaining"),
-        CheckConstraint("earmarked_ucredits >= 0 AND earmarked_ucredits <= remaining_ucredits",
-                        name="earmarked"),
+        CheckConstraint(
+            "earmarked_ucredits >= 0 AND earmarked_ucredits <= remaining_ucredits", name="earmarked"
+        ),
         CheckConstraint("expires_at IS NULL OR expires_at > effective_at", name="window"),
         Index(None, "account_id", "expires_at"),
     )

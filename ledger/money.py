@@ -18,38 +18,61 @@ MAX_CREDITS = 10**12
 MAX_UCREDITS = MAX_CREDITS * UCREDITS_PER_CREDIT
 
 
-def parse_credits(text: str | int | Decimal, *, field: str = "amount",
-                  allow_zero: bool = False, allow_negative: bool = False) -> int:
+def parse_credits(
+    text: str | int | Decimal,
+    *,
+    field: str = "amount",
+    allow_zero: bool = False,
+    allow_negative: bool = False,
+) -> int:
     """Parse a decimal credit amount ("12.5") into micro-credits, refusing anything inexact."""
     if isinstance(text, (bool, float)):
-        raise InvalidInput(f"{field} must be a decimal string, not a float",
-                           code="invalid_amount", details={"field": field})
+        raise InvalidInput(
+            f"{field} must be a decimal string, not a float", code="invalid_amount", details={"field": field}
+        )
     raw = str(text).strip()
     try:
         value = Decimal(raw)
     except InvalidOperation:
-        raise InvalidInput(f"{field} {raw!r} is not a decimal number",
-                           code="invalid_amount", details={"field": field, "value": raw}) from None
+        raise InvalidInput(
+            f"{field} {raw!r} is not a decimal number",
+            code="invalid_amount",
+            details={"field": field, "value": raw},
+        ) from None
     if not value.is_finite():
-        raise InvalidInput(f"{field} {raw!r} is not a finite number",
-                           code="invalid_amount", details={"field": field, "value": raw})
+        raise InvalidInput(
+            f"{field} {raw!r} is not a finite number",
+            code="invalid_amount",
+            details={"field": field, "value": raw},
+        )
     exponent = value.as_tuple().exponent
     if isinstance(exponent, int) and exponent < -6:
         scaled = value.normalize()
         exp2 = scaled.as_tuple().exponent
         if isinstance(exp2, int) and exp2 < -6:
-            raise InvalidInput(f"{field} {raw!r} has more than 6 decimals",
-                               code="invalid_amount", details={"field": field, "value": raw})
+            raise InvalidInput(
+                f"{field} {raw!r} has more than 6 decimals",
+                code="invalid_amount",
+                details={"field": field, "value": raw},
+            )
     if abs(value) > MAX_CREDITS:
-        raise InvalidInput(f"{field} {raw!r} exceeds the maximum of {MAX_CREDITS} credits",
-                           code="invalid_amount",
-                           details={"field": field, "value": raw, "cap": str(MAX_CREDITS)})
+        raise InvalidInput(
+            f"{field} {raw!r} exceeds the maximum of {MAX_CREDITS} credits",
+            code="invalid_amount",
+            details={"field": field, "value": raw, "cap": str(MAX_CREDITS)},
+        )
     if value < 0 and not allow_negative:
-        raise InvalidInput(f"{field} {raw!r} must not be negative",
-                           code="invalid_amount", details={"field": field, "value": raw})
+        raise InvalidInput(
+            f"{field} {raw!r} must not be negative",
+            code="invalid_amount",
+            details={"field": field, "value": raw},
+        )
     if value == 0 and not allow_zero:
-        raise InvalidInput(f"{field} must be greater than zero",
-                           code="invalid_amount", details={"field": field, "value": raw})
+        raise InvalidInput(
+            f"{field} must be greater than zero",
+            code="invalid_amount",
+            details={"field": field, "value": raw},
+        )
     return int(value * UCREDITS_PER_CREDIT)
 
 

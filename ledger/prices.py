@@ -21,8 +21,9 @@ MAX_GPUS_PER_JOB = 100_000
 
 def check_gres(gres: str) -> str:
     if not isinstance(gres, str) or not _GRES.match(gres):
-        raise InvalidInput(f"GPU type {gres!r} is not a valid GRES type name",
-                           code="invalid_gpus", details={"value": gres})
+        raise InvalidInput(
+            f"GPU type {gres!r} is not a valid GRES type name", code="invalid_gpus", details={"value": gres}
+        )
     return gres
 
 
@@ -35,8 +36,11 @@ def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
         for part in str(spec).split(","):
             name, sep, count = part.strip().rpartition(":")
             if not sep:
-                raise InvalidInput(f"GPU spec {spec!r}: expected TYPE:N[,TYPE:N]",
-                                   code="invalid_gpus", details={"value": str(spec)})
+                raise InvalidInput(
+                    f"GPU spec {spec!r}: expected TYPE:N[,TYPE:N]",
+                    code="invalid_gpus",
+                    details={"value": str(spec)},
+                )
             items.append((name, count))
     gpus: dict[str, int] = {}
     for name, count in items:
@@ -44,11 +48,17 @@ def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
         try:
             n = int(count)
         except (TypeError, ValueError):
-            raise InvalidInput(f"GPU count {count!r} for {name} is not a whole number",
-                               code="invalid_gpus", details={"value": str(spec)}) from None
+            raise InvalidInput(
+                f"GPU count {count!r} for {name} is not a whole number",
+                code="invalid_gpus",
+                details={"value": str(spec)},
+            ) from None
         if n <= 0 or n > MAX_GPUS_PER_JOB:
-            raise InvalidInput(f"GPU count {n} for {name} must be between 1 and {MAX_GPUS_PER_JOB}",
-                               code="invalid_gpus", details={"value": str(spec)})
+            raise InvalidInput(
+                f"GPU count {n} for {name} must be between 1 and {MAX_GPUS_PER_JOB}",
+                code="invalid_gpus",
+                details={"value": str(spec)},
+            )
         gpus[name] = gpus.get(name, 0) + n
     if not gpus:
         raise InvalidInput("no GPUs given", code="invalid_gpus", details={"value": str(spec)})
@@ -57,55 +67,86 @@ def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
 
 def parse_pairs(text: str) -> dict[str, int]:
     """The stored 'name:int,...' form (GPU counts or unit prices), trusted as written by us."""
-    return {name: int(value) for name, _sep, value in
-            (part.rpartition(":") for part in text.split(",") if part)}
+    return {
+        name: int(value) for name, _sep, value in (part.rpartition(":") for part in text.split(",") if part)
+    }
 
 
 def format_gpus(gpus: dict[str, int]) -> str:
     return ",".join(f"{name}:{count}" for name, count in sorted(gpus.items()))
 
 
-def set_price(s: Session, gres: str, credits_per_gpu_hour: str, *, partition: str | None = None,
-              effective_at: datetime | None = None) -> dict[str, Any]:
+def set_price(
+    s: Session,
+    gres: str,
+    credits_per_gpu_hour: str,
+    *,
+    partition: str | None = None,
+    effective_at: datetime | None = None,
+) -> dict[str, Any]:
     check_gres(gres)
     amount = parse_credits(credits_per_gpu_hour, field="price", allow_zero=True)
     now = utcnow()
-    s.execute(insert(prices_t).values(gres=gres, partition=partition, ucredits_per_gpu_hour=amount,
-                                      effective_at=effective_at or now, recorded_at=now))
-    return {"gres": gres, "partition": partition, "credits_per_gpu_hour": format_credits(amount),
-            "effective_at": format_time(effective_at or now)}
+    s.execute(
+        insert(prices_t).values(
+            gres=gres,
+            partition=partition,
+            ucredits_per_gpu_hour=amount,
+            effective_at=effective_at or now,
+            recorded_at=now,
+        )
+    )
+    return {
+        "gres": gres,
+        "partition": partition,
+        "credits_per_gpu_hour": format_credits(amount),
+        "effective_at": format_time(effective_at or now),
+    }
 
 
 def price_at(s: Session, gres: str, partition: str | None, at: datetime) -> int | None:
     """Micro-credits per GPU-hour in force at `at`: the partition's own price, else the type's."""
     for part in ([partition] if partition else []) + [None]:
         where = prices_t.c.partition.is_(None) if part is None else prices_t.c.partition == part
-        row = s.execute(select(prices_t.c.ucredits_per_gpu_hour)
-                        .where(prices_t.c.gres == gres, where, prices_t.c.effective_at <= at)
-                        .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc()).limit(1)).first()
+        row = s.execute(
+            select(prices_t.c.ucredits_per_gpu_hour)
+            .where(prices_t.c.gres == gres, where, prices_t.c.effective_at <= at)
+            .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc())
+            .limit(1)
+        ).first()
         if row is not None:
             return int(row[0])
     return None
 
 
-def rate_for(s: Session, gpus: dict[str, int], partition: str | None,
-             at: datetime) -> tuple[int, dict[str, int]]:
+def rate_for(
+    s: Session, gpus: dict[str, int], partition: str | None, at: datetime
+) -> tuple[int, dict[str, int]]:
     """Combined micro-credits per hour for a GPU mix, and each type's price; unknown types refused."""
     unit_prices: dict[str, int] = {}
     for gres in gpus:
         price = price_at(s, gres, partition, at)
         if price is None:
-            raise InvalidInput(f"no price for GPU type {gres!r}"
-                               + (f" in partition {partition}" if partition else "")
-                               + f" at {format_time(at)}; set one with `gpucredit price set`",
-                               code="unknown_gres", details={"gres": gres, "partition": partition})
+            raise InvalidInput(
+                f"no price for GPU type {gres!r}"
+                + (f" in partition {partition}" if partition else "")
+                + f" at {format_time(at)}; set one with `gpucredit price set`",
+                code="unknown_gres",
+                details={"gres": gres, "partition": partition},
+            )
         unit_prices[gres] = price
     return sum(unit_prices[g] * n for g, n in gpus.items()), unit_prices
 
 
 def list_prices(s: Session) -> list[dict[str, Any]]:
-    return [{"gres": r.gres, "partition": r.partition,
-             "credits_per_gpu_hour": format_credits(r.ucredits_per_gpu_hour),
-             "effective_at": format_time(r.effective_at)}
-            for r in s.execute(select(prices_t).order_by(prices_t.c.gres, prices_t.c.partition,
-                                                        prices_t.c.effective_at))]
+    return [
+        {
+            "gres": r.gres,
+            "partition": r.partition,
+            "credits_per_gpu_hour": format_credits(r.ucredits_per_gpu_hour),
+            "effective_at": format_time(r.effective_at),
+        }
+        for r in s.execute(
+            select(prices_t).order_by(prices_t.c.gres, prices_t.c.partition, prices_t.c.effective_at)
+        )
+    ]

@@ -32,20 +32,35 @@ def _split(amount: int, weights: dict[str, int]) -> dict[str, int]:
     return {k: sign * v for k, v in parts.items()}
 
 
-def usage_report(s: Session, *, account: str | None = None, user: str | None = None,
-                 start: datetime | None = None, end: datetime | None = None,
-                 by: str = "day") -> list[dict[str, Any]]:
+def usage_report(
+    s: Session,
+    *,
+    account: str | None = None,
+    user: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    by: str = "day",
+) -> list[dict[str, Any]]:
     if by not in GROUPS:
-        raise InvalidInput(f"cannot group by {by!r}; choose one of {', '.join(GROUPS)}",
-                           code="invalid_group")
-    query = (select(entries_t.c.effective_at, entries_t.c.user, entries_t.c.memo,
-                    entries_t.c.hold_id, accounts_t.c.name.label("account"),
-                    postings_t.c.amount_ucredits, holds_t.c.gpus, holds_t.c.unit_prices,
-                    holds_t.c.partition, holds_t.c.job_id)
-             .join(postings_t, postings_t.c.entry_id == entries_t.c.id)
-             .join(accounts_t, accounts_t.c.id == entries_t.c.account_id)
-             .outerjoin(holds_t, holds_t.c.id == entries_t.c.hold_id)
-             .where(postings_t.c.account_id == REVENUE))
+        raise InvalidInput(f"cannot group by {by!r}; choose one of {', '.join(GROUPS)}", code="invalid_group")
+    query = (
+        select(
+            entries_t.c.effective_at,
+            entries_t.c.user,
+            entries_t.c.memo,
+            entries_t.c.hold_id,
+            accounts_t.c.name.label("account"),
+            postings_t.c.amount_ucredits,
+            holds_t.c.gpus,
+            holds_t.c.unit_prices,
+            holds_t.c.partition,
+            holds_t.c.job_id,
+        )
+        .join(postings_t, postings_t.c.entry_id == entries_t.c.id)
+        .join(accounts_t, accounts_t.c.id == entries_t.c.account_id)
+        .outerjoin(holds_t, holds_t.c.id == entries_t.c.hold_id)
+        .where(postings_t.c.account_id == REVENUE)
+    )
     if account is not None:
         query = query.where(accounts_t.c.name == account)
     if user is not None:
@@ -68,8 +83,15 @@ def usage_report(s: Session, *, account: str | None = None, user: str | None = N
             continue
         key = _group_key(row, by)
         _add(groups, key, row.amount_ucredits, sum(gpus.values()) * delta_seconds, row.hold_id)
-    return [{by: key, "charged": format_credits(g["charged"]), "gpu_seconds": g["gpu_seconds"],
-             "jobs": len(g["holds"])} for key, g in sorted(groups.items())]
+    return [
+        {
+            by: key,
+            "charged": format_credits(g["charged"]),
+            "gpu_seconds": g["gpu_seconds"],
+            "jobs": len(g["holds"]),
+        }
+        for key, g in sorted(groups.items())
+    ]
 
 
 def _group_key(row: Any, by: str) -> str:
@@ -82,8 +104,9 @@ def _group_key(row: Any, by: str) -> str:
     return str(row.account)
 
 
-def _add(groups: dict[str, dict[str, Any]], key: str, amount: int, gpu_seconds: int,
-         hold_id: int | None) -> None:
+def _add(
+    groups: dict[str, dict[str, Any]], key: str, amount: int, gpu_seconds: int, hold_id: int | None
+) -> None:
     g = groups.setdefault(key, {"charged": 0, "gpu_seconds": 0, "holds": set()})
     g["charged"] += amount
     g["gpu_seconds"] += gpu_seconds

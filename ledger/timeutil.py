@@ -30,14 +30,20 @@ def parse_time(text: str | datetime, *, field: str = "time") -> datetime:
         try:
             value = datetime.fromisoformat(raw.replace("z", "Z"))
         except ValueError:
-            raise InvalidInput(f"{field} {raw!r} is not an ISO 8601 time",
-                               code="invalid_time", details={"field": field, "value": raw}) from None
+            raise InvalidInput(
+                f"{field} {raw!r} is not an ISO 8601 time",
+                code="invalid_time",
+                details={"field": field, "value": raw},
+            ) from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     value = value.astimezone(UTC)
     if not MIN_TIME <= value < MAX_TIME:
-        raise InvalidInput(f"{field} {value.isoformat()} is out of range",
-                           code="invalid_time", details={"field": field, "value": str(text)})
+        raise InvalidInput(
+            f"{field} {value.isoformat()} is out of range",
+            code="invalid_time",
+            details={"field": field, "value": str(text)},
+        )
     return value
 
 
@@ -64,12 +70,17 @@ def parse_seconds(text: str | int, *, field: str = "seconds") -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise InvalidInput(f"{field} {text!r} is not a whole number of seconds",
-                           code="invalid_duration", details={"field": field, "value": str(text)}) from None
+        raise InvalidInput(
+            f"{field} {text!r} is not a whole number of seconds",
+            code="invalid_duration",
+            details={"field": field, "value": str(text)},
+        ) from None
     if value < 0 or value > MAX_JOB_SECONDS:
-        raise InvalidInput(f"{field} {value} must be between 0 and {MAX_JOB_SECONDS}",
-                           code="invalid_duration",
-                           details={"field": field, "value": value, "cap": MAX_JOB_SECONDS})
+        raise InvalidInput(
+            f"{field} {value} must be between 0 and {MAX_JOB_SECONDS}",
+            code="invalid_duration",
+            details={"field": field, "value": value, "cap": MAX_JOB_SECONDS},
+        )
     return value
 
 
@@ -78,12 +89,18 @@ def parse_slurm_duration(text: str, *, field: str = "time") -> int:
     raw = str(text).strip()
     match = _SLURM_DURATION.match(raw)
     if not match:
-        raise InvalidInput(f"{field} {raw!r} is not [D-]HH:MM:SS",
-                           code="invalid_duration", details={"field": field, "value": raw})
+        raise InvalidInput(
+            f"{field} {raw!r} is not [D-]HH:MM:SS",
+            code="invalid_duration",
+            details={"field": field, "value": raw},
+        )
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     if seconds >= 60 or (match.group(2) is not None and minutes >= 60):
-        raise InvalidInput(f"{field} {raw!r} has minutes or seconds out of range",
-                           code="invalid_duration", details={"field": field, "value": raw})
+        raise InvalidInput(
+            f"{field} {raw!r} has minutes or seconds out of range",
+            code="invalid_duration",
+            details={"field": field, "value": raw},
+        )
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     return parse_seconds(total, field=field)
 

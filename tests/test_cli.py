@@ -42,11 +42,22 @@ def gc(db_url: str) -> Iterator:
 def _state(db_url: str) -> tuple:
     engine = cli_support.engine_for(db_url)
     with engine.connect() as c:
-        counts = tuple(c.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
-                       for t in ("entries", "postings", "grants", "holds", "prices", "accounts",
-                                 "limits", "idempotency_keys"))
-        remainders = c.execute(text("SELECT id, remaining_ucredits, earmarked_ucredits FROM grants "
-                                    "ORDER BY id")).all()
+        counts = tuple(
+            c.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
+            for t in (
+                "entries",
+                "postings",
+                "grants",
+                "holds",
+                "prices",
+                "accounts",
+                "limits",
+                "idempotency_keys",
+            )
+        )
+        remainders = c.execute(
+            text("SELECT id, remaining_ucredits, earmarked_ucredits FROM grants ORDER BY id")
+        ).all()
     return counts, tuple(map(tuple, remainders))
 
 
@@ -65,18 +76,107 @@ BAD_INPUTS = [
     (("consume", "physics", "1000"), 1, "insufficient_credits"),
     (("consume", "physics", "abc"), 2, "invalid_amount"),
     (("balance", "physics", "--at", "2026-13-01"), 2, "invalid_time"),
-    (("hold", "create", "physics", "--user", "alice", "--job-id", "7", "--gpus", "v100:1",
-      "--seconds", "60"), 2, "unknown_gres"),
-    (("hold", "create", "physics", "--user", "alice", "--job-id", "7", "--gpus", "h100:0",
-      "--seconds", "60"), 2, "invalid_gpus"),
-    (("hold", "create", "physics", "--user", "alice", "--job-id", "7", "--gpus", "h100",
-      "--seconds", "60"), 2, "invalid_gpus"),
-    (("hold", "create", "physics", "--user", "alice", "--job-id", "7", "--gpus", "h100:1",
-      "--seconds=-60"), 2, "invalid_duration"),
-    (("hold", "create", "nosuch", "--user", "alice", "--job-id", "7", "--gpus", "h100:1",
-      "--seconds", "60"), 1, "not_found"),
-    (("hold", "create", "physics", "--user", "alice", "--job-id", "7", "--gpus", "h100:1",
-      "--seconds", "99999999"), 2, "invalid_duration"),
+    (
+        (
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "v100:1",
+            "--seconds",
+            "60",
+        ),
+        2,
+        "unknown_gres",
+    ),
+    (
+        (
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "h100:0",
+            "--seconds",
+            "60",
+        ),
+        2,
+        "invalid_gpus",
+    ),
+    (
+        (
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "h100",
+            "--seconds",
+            "60",
+        ),
+        2,
+        "invalid_gpus",
+    ),
+    (
+        (
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "h100:1",
+            "--seconds=-60",
+        ),
+        2,
+        "invalid_duration",
+    ),
+    (
+        (
+            "hold",
+            "create",
+            "nosuch",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "h100:1",
+            "--seconds",
+            "60",
+        ),
+        1,
+        "not_found",
+    ),
+    (
+        (
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "7",
+            "--gpus",
+            "h100:1",
+            "--seconds",
+            "99999999",
+        ),
+        2,
+        "invalid_duration",
+    ),
     (("hold", "settle", "999", "--elapsed", "60"), 1, "not_found"),
     (("quote", "--account", "physics", "--gpus", "h100:2", "--time", "2:99:00"), 2, "invalid_duration"),
     (("limits", "set", "physics", "--max-rate=-1"), 2, "invalid_amount"),
@@ -87,7 +187,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "status", "code"), BAD_INPUTS, ids=[f"{i}-{a[2]}" for i, a in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    ("args", "status", "code"), BAD_INPUTS, ids=[f"{i}-{a[2]}" for i, a in enumerate(BAD_INPUTS)]
+)
 def test_bad_input_changes_nothing(gc, db_url, args, status, code) -> None:
     before = _state(db_url)
     result = gc(*args, code=status)
@@ -102,36 +204,113 @@ def test_click_usage_errors_exit_2(gc) -> None:
 
 
 def test_topup_with_same_key_is_one_grant(gc, db_url) -> None:
-    first = json.loads(gc("topup", "physics", "100", "--effective", "2026-11-01",
-                          "--idempotency-key", "pay-1", "--format", "json").output)
+    first = json.loads(
+        gc(
+            "topup",
+            "physics",
+            "100",
+            "--effective",
+            "2026-11-01",
+            "--idempotency-key",
+            "pay-1",
+            "--format",
+            "json",
+        ).output
+    )
     assert first["amount"] == "100.00" and first["id"] == 1
     assert _state(db_url)[0][2] == 2  # the top-up and the promotion, nothing more
 
 
 def test_balance_formats_and_worked_example_via_cli(gc) -> None:
-    gc("limits", "set", "physics", "--user", "alice", "--max-gpus", "4", "--max-rate", "0.005",
-       "--daily-cap", "30")
-    out = json.loads(gc("hold", "create", "physics", "--user", "alice", "--job-id", "1001",
-                        "--gpus", "h100:2", "--seconds", "7200", "--at", "2026-12-02T10:00Z",
-                        "--format", "json").output)
-    assert {k: out[k] for k in ("id", "account", "user", "job_id", "run", "state", "amount", "charged",
-                                "expires_at")} == {
-        "id": 1, "account": "physics", "user": "alice", "job_id": 1001, "run": 0, "state": "active",
-        "amount": "14.40", "charged": "0.00", "expires_at": "2026-12-02T12:10:00Z"}
-    refused = gc("hold", "create", "physics", "--user", "alice", "--job-id", "1002", "--gpus", "a100:2",
-                 "--seconds", "14400", "--at", "2026-12-02T10:00Z", code=1)
+    gc(
+        "limits",
+        "set",
+        "physics",
+        "--user",
+        "alice",
+        "--max-gpus",
+        "4",
+        "--max-rate",
+        "0.005",
+        "--daily-cap",
+        "30",
+    )
+    out = json.loads(
+        gc(
+            "hold",
+            "create",
+            "physics",
+            "--user",
+            "alice",
+            "--job-id",
+            "1001",
+            "--gpus",
+            "h100:2",
+            "--seconds",
+            "7200",
+            "--at",
+            "2026-12-02T10:00Z",
+            "--format",
+            "json",
+        ).output
+    )
+    assert {
+        k: out[k]
+        for k in ("id", "account", "user", "job_id", "run", "state", "amount", "charged", "expires_at")
+    } == {
+        "id": 1,
+        "account": "physics",
+        "user": "alice",
+        "job_id": 1001,
+        "run": 0,
+        "state": "active",
+        "amount": "14.40",
+        "charged": "0.00",
+        "expires_at": "2026-12-02T12:10:00Z",
+    }
+    refused = gc(
+        "hold",
+        "create",
+        "physics",
+        "--user",
+        "alice",
+        "--job-id",
+        "1002",
+        "--gpus",
+        "a100:2",
+        "--seconds",
+        "14400",
+        "--at",
+        "2026-12-02T10:00Z",
+        code=1,
+    )
     assert refused.stderr.startswith("error: daily_cap: ")
     assert "30.40" in refused.stderr and "30.00" in refused.stderr
     gc("hold", "settle", "1", "--elapsed", "1800")
     balance = json.loads(gc("balance", "physics", "--at", "2026-12-02T12:00Z", "--format", "json").output)
     assert balance["available"] == "116.40" and balance["held"] == "0.00"
     assert [(g["amount"], g["remaining"], g["expires_at"]) for g in balance["grants"]] == [
-        ("20.00", "16.40", "2026-12-08T00:00:00Z"), ("100.00", "100.00", None)]
+        ("20.00", "16.40", "2026-12-08T00:00:00Z"),
+        ("100.00", "100.00", None),
+    ]
     table = gc("balance", "physics", "--at", "2026-12-09").output
     assert table.splitlines()[0] == "account physics at 2026-12-09T00:00:00Z: available 100.00, held 0.00"
     rows = list(csv.DictReader(io.StringIO(gc("report", "--by", "gres", "--format", "csv").output)))
     assert rows == [{"gres": "h100", "charged": "3.60", "gpu_seconds": "3600", "jobs": "1"}]
-    quote = json.loads(gc("quote", "--account", "physics", "--gpus", "h100:2", "--time", "2:00:00",
-                          "--at", "2026-12-02T13:00Z", "--format", "json").output)
+    quote = json.loads(
+        gc(
+            "quote",
+            "--account",
+            "physics",
+            "--gpus",
+            "h100:2",
+            "--time",
+            "2:00:00",
+            "--at",
+            "2026-12-02T13:00Z",
+            "--format",
+            "json",
+        ).output
+    )
     assert (quote["cost"], quote["available"], quote["affordable"]) == ("14.40", "116.40", True)
     assert gc("audit", "verify").output == "ok: 2 accounts, 4 entries, 0 problems\n"

@@ -19,8 +19,8 @@ from ledger.errors import InsufficientCredits
 
 PROCESSES = 8
 REQUESTS = 2000
-ADMITTED = 300            # K: the credit covers exactly this many holds
-HOLD_UCREDITS = 60_000    # 1×h100 for 60 s at 3.60/h = 0.06 credits
+ADMITTED = 300  # K: the credit covers exactly this many holds
+HOLD_UCREDITS = 60_000  # 1×h100 for 60 s at 3.60/h = 0.06 credits
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
 
 
@@ -32,8 +32,9 @@ def _race_holds(url: str, worker: int, barrier, results) -> None:
     for job_id in range(worker + 1, REQUESTS + 1, PROCESSES):
         try:
             with factory() as s, s.begin():
-                api.create_hold(s, "physics", user="alice", job_id=job_id, gpus="h100:1", seconds=60,
-                                cluster="lab", at=AT)
+                api.create_hold(
+                    s, "physics", user="alice", job_id=job_id, gpus="h100:1", seconds=60, cluster="lab", at=AT
+                )
             admitted += 1
         except InsufficientCredits:
             refused += 1
@@ -45,8 +46,9 @@ def _race_topup(url: str, barrier, results) -> None:
     engine = make_engine(url, pool_size=1)
     barrier.wait()
     with make_sessionmaker(engine)() as s, s.begin():
-        grant = api.topup(s, "physics", "50", idempotency_key="stripe-evt-1",
-                          effective_at=datetime(2026, 11, 1, tzinfo=UTC))
+        grant = api.topup(
+            s, "physics", "50", idempotency_key="stripe-evt-1", effective_at=datetime(2026, 11, 1, tzinfo=UTC)
+        )
     engine.dispose()
     results.put(grant["grant"]["id"])
 
@@ -55,8 +57,12 @@ def _setup(tx) -> None:
     with tx() as s:
         api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
         api.create_account(s, "physics")
-        api.topup(s, "physics", str(ADMITTED * HOLD_UCREDITS / 1_000_000),
-                  effective_at=datetime(2026, 11, 1, tzinfo=UTC))
+        api.topup(
+            s,
+            "physics",
+            str(ADMITTED * HOLD_UCREDITS / 1_000_000),
+            effective_at=datetime(2026, 11, 1, tzinfo=UTC),
+        )
 
 
 def _run(target, args_for) -> list:
@@ -81,13 +87,17 @@ def test_racing_holds_admit_exactly_k(pg_url, tx_pg) -> None:
     engine = make_engine(pg_url)
     with engine.connect() as c:
         assert c.execute(text("SELECT COUNT(*) FROM holds WHERE state = 'active'")).scalar_one() == ADMITTED
-        unbalanced = c.execute(text("SELECT entry_id FROM postings GROUP BY entry_id "
-                                    "HAVING SUM(amount_ucredits) <> 0")).all()
+        unbalanced = c.execute(
+            text("SELECT entry_id FROM postings GROUP BY entry_id HAVING SUM(amount_ucredits) <> 0")
+        ).all()
         assert unbalanced == []
         # The free credit after every entry, in commit order: never below zero.
-        running = c.execute(text(
-            "SELECT MIN(free) FROM (SELECT SUM(SUM(amount_ucredits)) OVER (ORDER BY entry_id) AS free "
-            "FROM postings WHERE bucket = 'available' GROUP BY entry_id) t")).scalar_one()
+        running = c.execute(
+            text(
+                "SELECT MIN(free) FROM (SELECT SUM(SUM(amount_ucredits)) OVER (ORDER BY entry_id) AS free "
+                "FROM postings WHERE bucket = 'available' GROUP BY entry_id) t"
+            )
+        ).scalar_one()
         assert running == 0
     with make_sessionmaker(engine)() as s:
         assert api.balance(s, "physics", AT)["available"] == "0.00"
@@ -101,5 +111,7 @@ def test_racing_topups_with_one_key_make_one_grant(pg_url, tx_pg) -> None:
     assert len(set(ids)) == 1
     engine = make_engine(pg_url)
     with engine.connect() as c:
-        assert c.execute(text("SELECT COUNT(*) FROM grants WHERE amount_ucredits = 50000000")).scalar_one() == 1
+        assert (
+            c.execute(text("SELECT COUNT(*) FROM grants WHERE amount_ucredits = 50000000")).scalar_one() == 1
+        )
     engine.dispose()

@@ -87,24 +87,46 @@ class LedgerMachine(RuleBasedStateMachine):
         with self.tx() as s:
             api.topup(s, "physics", format_credits(amount), effective_at=at, at=at)
 
-    @rule(amount=st.integers(1, 30_000_000), starts_in=st.integers(0, 7200),
-          lasts=st.integers(600, 86_400), priority=st.integers(1, 20), wait=st.integers(1, 600))
+    @rule(
+        amount=st.integers(1, 30_000_000),
+        starts_in=st.integers(0, 7200),
+        lasts=st.integers(600, 86_400),
+        priority=st.integers(1, 20),
+        wait=st.integers(1, 600),
+    )
     def grant(self, amount: int, starts_in: int, lasts: int, priority: int, wait: int) -> None:
         at = self.tick(wait)
         effective = at + timedelta(seconds=starts_in)
         with self.tx() as s:
-            api.grant(s, "physics", format_credits(amount),
-                      effective_at=effective, expires_at=effective + timedelta(seconds=lasts),
-                      priority=priority, at=at)
+            api.grant(
+                s,
+                "physics",
+                format_credits(amount),
+                effective_at=effective,
+                expires_at=effective + timedelta(seconds=lasts),
+                priority=priority,
+                at=at,
+            )
 
-    @rule(gpus=st.sampled_from(["a100:1", "h100:2", "a100:1,h100:1", "a100:4"]),
-          seconds=st.integers(60, 7200), wait=st.integers(1, 600))
+    @rule(
+        gpus=st.sampled_from(["a100:1", "h100:2", "a100:1,h100:1", "a100:4"]),
+        seconds=st.integers(60, 7200),
+        wait=st.integers(1, 600),
+    )
     def hold(self, gpus: str, seconds: int, wait: int) -> None:
         at = self.tick(wait)
         try:
             with self.tx() as s:
-                h = api.create_hold(s, "physics", user="alice", job_id=next(self.job_ids), gpus=gpus,
-                                    seconds=seconds, cluster="lab", at=at)
+                h = api.create_hold(
+                    s,
+                    "physics",
+                    user="alice",
+                    job_id=next(self.job_ids),
+                    gpus=gpus,
+                    seconds=seconds,
+                    cluster="lab",
+                    at=at,
+                )
         except InsufficientCredits:
             return
         self.active[h.id] = (h.rate_ucredits_per_hour, at, 0)
@@ -154,12 +176,24 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def books_balance(self) -> None:
         with self.engine.connect() as c:
-            assert c.execute(text("SELECT COUNT(*) FROM (SELECT entry_id FROM postings GROUP BY entry_id "
-                                  "HAVING SUM(amount_ucredits) <> 0) t")).scalar_one() == 0
-            assert c.execute(text("SELECT COUNT(*) FROM grants WHERE remaining_ucredits < 0 "
-                                  "OR earmarked_ucredits < 0")).scalar_one() == 0
-            revenue = c.execute(text("SELECT COALESCE(SUM(amount_ucredits), 0) FROM postings "
-                                     "WHERE account_id = -3")).scalar_one()
+            assert (
+                c.execute(
+                    text(
+                        "SELECT COUNT(*) FROM (SELECT entry_id FROM postings GROUP BY entry_id "
+                        "HAVING SUM(amount_ucredits) <> 0) t"
+                    )
+                ).scalar_one()
+                == 0
+            )
+            assert (
+                c.execute(
+                    text("SELECT COUNT(*) FROM grants WHERE remaining_ucredits < 0 OR earmarked_ucredits < 0")
+                ).scalar_one()
+                == 0
+            )
+            revenue = c.execute(
+                text("SELECT COALESCE(SUM(amount_ucredits), 0) FROM postings WHERE account_id = -3")
+            ).scalar_one()
             assert revenue == self.expected_revenue
             c.rollback()
         with self.tx() as s:
@@ -169,15 +203,18 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def available_is_remainders_minus_earmarks(self) -> None:
         with self.engine.connect() as c:
-            grants = c.execute(text("SELECT remaining_ucredits, earmarked_ucredits, effective_at, "
-                                    "expires_at FROM grants")).all()
+            grants = c.execute(
+                text("SELECT remaining_ucredits, earmarked_ucredits, effective_at, expires_at FROM grants")
+            ).all()
             debt = c.execute(text("SELECT debt_ucredits FROM accounts WHERE name='physics'")).scalar()
             c.rollback()
         if debt is None:
             return
         at = self.clock.replace(tzinfo=None)
-        expected = sum(r - e for r, e, eff, exp in grants
-                       if _naive(eff) <= at and (exp is None or at < _naive(exp))) - debt
+        expected = (
+            sum(r - e for r, e, eff, exp in grants if _naive(eff) <= at and (exp is None or at < _naive(exp)))
+            - debt
+        )
         with self.tx() as s:
             assert api.balance(s, "physics", self.clock)["available"] == format_credits(expected)
 
@@ -210,9 +247,9 @@ def _naive(value) -> datetime:
 
 
 TestLedgerModel = LedgerMachine.TestCase
-TestLedgerModel.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
-                                    suppress_health_check=[HealthCheck.too_slow])
-
+TestLedgerModel.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 class PostgresLedgerMachine(LedgerMachine):
@@ -243,5 +280,6 @@ class PostgresLedgerMachine(LedgerMachine):
 
 
 TestPostgresLedgerModel = PostgresLedgerMachine.TestCase
-TestPostgresLedgerModel.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
-                                            suppress_health_check=[HealthCheck.too_slow])
+TestPostgresLedgerModel.settings = settings(
+    max_examples=12, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

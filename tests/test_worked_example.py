@@ -19,14 +19,20 @@ def test_worked_example(tx) -> None:
         api.create_account(s, "physics")
         api.add_member(s, "alice", "physics")
         api.topup(s, "physics", "100", effective_at=datetime(2026, 11, 1, tzinfo=UTC))
-        api.grant(s, "physics", "20", effective_at=datetime(2026, 12, 1, tzinfo=UTC),
-                  expires_at=datetime(2026, 12, 8, tzinfo=UTC))
+        api.grant(
+            s,
+            "physics",
+            "20",
+            effective_at=datetime(2026, 12, 1, tzinfo=UTC),
+            expires_at=datetime(2026, 12, 8, tzinfo=UTC),
+        )
         api.set_limits(s, "physics", user="alice", max_gpus=4, max_rate="0.005", daily_cap="30")
 
     # 1: 2×H100 for 2 h: hold 14.4, all earmarked on the promotion (it expires first).
     with tx() as s:
-        h1 = api.create_hold(s, "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200,
-                             cluster="lab", at=T)
+        h1 = api.create_hold(
+            s, "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200, cluster="lab", at=T
+        )
     assert (h1.amount_ucredits, h1.rate_ucredits_per_hour) == (14_400_000, 7_200_000)
     with tx() as s:
         grants = {g["source"]: g for g in api.balance(s, "physics", T)["grants"]}
@@ -35,8 +41,9 @@ def test_worked_example(tx) -> None:
 
     # 2: 2×A100 for 4 h is refused by the daily cap: 14.4 + 16.0 = 30.4 > 30.
     with tx() as s, pytest.raises(LimitExceeded) as refused:
-        api.create_hold(s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=4 * 3600,
-                        cluster="lab", at=T)
+        api.create_hold(
+            s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=4 * 3600, cluster="lab", at=T
+        )
     assert refused.value.code == "daily_cap"
     assert refused.value.http_status == 429
     assert (refused.value.details["value"], refused.value.details["cap"]) == ("30.40", "30.00")
@@ -44,8 +51,9 @@ def test_worked_example(tx) -> None:
 
     # 3: with 3 h it fits: hold 12.0 = 5.6 promotion + 6.4 top-up; alice burns 0.003111/s.
     with tx() as s:
-        h2 = api.create_hold(s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=3 * 3600,
-                             cluster="lab", at=T)
+        h2 = api.create_hold(
+            s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=3 * 3600, cluster="lab", at=T
+        )
     assert h2.amount_ucredits == 12_000_000
     with tx() as s:
         b = api.balance(s, "physics", T)
@@ -58,8 +66,9 @@ def test_worked_example(tx) -> None:
 
     # 4: one more H100 breaks the GPU cap (5 > 4) although rate and daily cap would pass.
     with tx() as s, pytest.raises(LimitExceeded) as refused:
-        api.create_hold(s, "physics", user="alice", job_id=1003, gpus="h100:1", seconds=3600,
-                        cluster="lab", at=T)
+        api.create_hold(
+            s, "physics", user="alice", job_id=1003, gpus="h100:1", seconds=3600, cluster="lab", at=T
+        )
     assert refused.value.code == "concurrent_gpus"
     assert (refused.value.details["value"], refused.value.details["cap"]) == (5, 4)
 
@@ -86,10 +95,16 @@ def test_worked_example(tx) -> None:
     # 9: sacct says job 1001 ran 1802 s: one adjustment of +0.004 linked to its charge.
     with tx() as s:
         settle_entry = s.execute(
-            api.entries_t.select().where(api.entries_t.c.hold_id == h1.id,
-                                         api.entries_t.c.kind == "settle")).one()
-        result = api.adjust(s, "physics", "0.004", links_entry_id=settle_entry.id,
-                            reason="sacct elapsed 1802 s", at=datetime(2026, 12, 2, 12, 5, tzinfo=UTC))
+            api.entries_t.select().where(api.entries_t.c.hold_id == h1.id, api.entries_t.c.kind == "settle")
+        ).one()
+        result = api.adjust(
+            s,
+            "physics",
+            "0.004",
+            links_entry_id=settle_entry.id,
+            reason="sacct elapsed 1802 s",
+            at=datetime(2026, 12, 2, 12, 5, tzinfo=UTC),
+        )
     assert result["adjustment"] == "0.004"
     assert result["hold"]["charged"] == "3.604"
     with tx() as s:

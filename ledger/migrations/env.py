@@ -9,7 +9,8 @@ from ledger.models import Base
 connection = context.config.attributes.get("connection")
 if connection is None:
     raise RuntimeError("run migrations through `gpucredit init` (ledger.schema.upgrade)")
-context.configure(connection=connection, target_metadata=Base.metadata,
-                  render_as_batch=connection.dialect.name == "sqlite")
+context.configure(
+    connection=connection, target_metadata=Base.metadata, render_as_batch=connection.dialect.name == "sqlite"
+)
 with context.begin_transaction():
     context.run_migrations()
