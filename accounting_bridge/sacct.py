@@ -1,0 +1,955 @@
+"""Pure parsers for Slurm's job records: text in, records out.
+
+* :func:`parse_parsable2` reads ``sacct --parsable2 --noheader -D -X -o <SACCT_FIELDS>``.
+* :func:`parse_json` reads ``sacct --json`` (openapi/dbv0.0.38 in Slurm 22.05).
+* :func:`parse_squeue_json` reads ``squeue --json`` (openapi/v0.0.38 in 22.05).
+
+Both sacct parsers return a :class:`ParseResult`: the job runs they understood
+plus one :class:`ParseError` per input line (or ``jobs[]`` entry) they did not.
+They never raise on bad input and never drop a line silently: every non-empty
+input line ends up as a run, an error, or (for step lines such as ``1.batch``,
+which carry nothing we charge for) in ``skipped_step_lines``.
+
+Facts these parsers rely on (Slurm 22.05.8, see notes/slurm-on-one-host.md §7, §10):
+
+* The allocation line is what we charge: it covers all nodes of a multi-node
+  job; steps (``.batch``, ``.extern``, ``.0``) overlap it and must not be summed.
+* GPU types come from AllocTRES (``gres/gpu:a100=1``). An untyped request
+  (``--gpus=2``) lists only ``gres/gpu=2`` in ReqTRES but the typed GPUs it was
+  actually given in AllocTRES.
+* ``JobID`` is the display id (``6_0`` for array tasks, ``7+1`` for het
+  components); ``JobIDRaw`` is the id the hooks see as ``SLURM_JOB_ID``. The
+  array's own id goes to its *last* task.
+* sacct has no restart counter. ``-D`` (and ``--json``, always) lists every
+  requeued attempt as its own row; the run index is derived by ordering the
+  attempts of one raw job id by start, then submit time (0-based), which is
+  what the hooks see as ``SLURM_JOB_RESTART_COUNT``. The index is only right
+  if the input holds *all* attempts of that job (see backends.py).
+* Text timestamps are local time without a zone; JSON ones are epoch seconds.
+  ``Unknown`` (0) and ``None`` (NO_VAL) mean "no such time". A local time that
+  falls in a DST fold is ambiguous in the text format; the JSON format is not.
+* A JobName containing a newline splits its text row in two: the first half
+  parses (with a truncated name), the second half is reported as an error.
+  ``--json`` does not have this problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+__all__ = [
+    "ALLOCATED_STATES",
+    "SACCT_FIELDS",
+    "TERMINAL_STATES",
+    "ParseError",
+    "ParseResult",
+    "SacctRun",
+    "SqueueJob",
+    "SqueueResult",
+    "expand_hostlist",
+    "format_sacct_time",
+    "gpus_from_tres",
+    "parse_gres_detail",
+    "parse_json",
+    "parse_parsable2",
+    "parse_sacct_time",
+    "parse_squeue_json",
+    "parse_tres",
+    "sacct_argv",
+    "sacct_jobs_argv",
+    "squeue_argv",
+]
+
+# Free text (JobName) is LAST: a "|" inside it cannot shift the other columns.
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobIDRaw",
+    "JobID",
+    "Cluster",
+    "User",
+    "Account",
+    "Partition",
+    "State",
+    "Submit",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "TimelimitRaw",
+    "NNodes",
+    "NodeList",
+    "AllocTRES",
+    "ReqTRES",
+    "JobName",
+)
+
+# Base job states after which a run (attempt) holds no resources any more.
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REQUEUED",  # an earlier attempt of a requeued job: that attempt is over
+        "RESIZING",  # the record closed by a job resize
+        "REVOKED",
+        "TIMEOUT",
+    }
+)
+
+# squeue job_state strings of jobs that hold their allocation (and GPUs) now.
+# job_state_string() reports flags first, so a RUNNING job being torn down
+# reads COMPLETING, one whose nodes are booting reads CONFIGURING.
+ALLOCATED_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"})
+
+_SACCT_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+_NO_TIME = frozenset({"", "Unknown", "None"})
+_NO_NODES = frozenset({"", "None assigned", "(null)"})
+_NO_TIME_LIMIT = frozenset({"", "UNLIMITED", "Partition_Limit"})
+_STATE_RE = re.compile(r"^(?P<state>[A-Z][A-Z_]*)(?: by (?P<by>\d+))?$")
+_DISPLAY_ID_RE = re.compile(r"^(?P<base>\d+)(?:_(?P<task>\d+)|_\[(?P<tasks>[^\]]*)\]|\+(?P<offset>\d+))?$")
+_ERROR_LINE_MAX_CHARS = 500
+_SLURM_NO_VAL = 0xFFFFFFFE
+_SLURM_INFINITE = 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class SacctRun:
+    """One run (attempt) of one job, from its allocation record.
+
+    ``(cluster, job_id, run)`` identifies the run everywhere in gpucredit.
+    """
+
+    cluster: str
+    job_id: int  # raw id, as the hooks see SLURM_JOB_ID
+    display_id: str  # "42", "6_0", "7+1", "6_[0-2]"
+    run: int  # 0-based attempt index, == SLURM_JOB_RESTART_COUNT of that attempt
+    user: str
+    account: str
+    partition: str
+    state: str  # base state: "CANCELLED by 0" -> "CANCELLED"
+    submit: datetime | None  # aware, UTC
+    start: datetime | None
+    end: datetime | None
+    elapsed_seconds: int
+    time_limit_seconds: int | None  # None: UNLIMITED / partition limit
+    gpus: dict[str, int] = field(hash=False)  # allocated, per GPU type (AllocTRES)
+    requested_gpus: dict[str, int] = field(hash=False)  # ReqTRES
+    nodes: tuple[str, ...]
+    node_count: int  # allocated nodes; 0 when never allocated
+    name: str
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    het_job_id: int | None = None
+    het_offset: int | None = None
+    # Who cancelled: a uid in text ("CANCELLED by 0"), a user name in JSON.
+    cancelled_by: str | None = field(default=None, compare=False)
+    # 1-based text line, or 1-based position in jobs[] for JSON.
+    line_no: int | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.cluster, self.job_id, self.run)
+
+    @property
+    def finished(self) -> bool:
+        """End known and state terminal: this run will not change any more."""
+        return self.end is not None and self.state in TERMINAL_STATES
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.gpus.values())
+
+    @property
+    def gpu_seconds(self) -> dict[str, int]:
+        """Allocated GPU-seconds per GPU type (elapsed × count)."""
+        return {gpu_type: count * self.elapsed_seconds for gpu_type, count in self.gpus.items()}
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """One input line (or jobs[] entry) that could not be understood."""
+
+    line_no: int  # 1-based; 0 for whole-document problems
+    line: str
+    reason: str
+    job_id: int | None = None  # raw job id when it could still be read
+
+
+@dataclass
+class ParseResult:
+    runs: list[SacctRun] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+    skipped_step_lines: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def suspect_job_ids(self) -> set[int]:
+        """Raw job ids with a malformed row: their other rows' run numbers may be off."""
+        return {error.job_id for error in self.errors if error.job_id is not None}
+
+
+@dataclass(frozen=True)
+class SqueueJob:
+    """A job slurmctld knows about now (``squeue --json``)."""
+
+    cluster: str
+    job_id: int
+    display_id: str
+    run: int  # restart_cnt: the run the job is in now
+    user: str
+    account: str
+    partition: str
+    state: str
+    submit: datetime | None
+    start: datetime | None  # for pending jobs: Slurm's *expected* start
+    end: datetime | None  # for running jobs: the *expected* end (start + limit)
+    time_limit_seconds: int | None
+    gpus: dict[str, int] = field(hash=False)
+    requested_gpus: dict[str, int] = field(hash=False)
+    nodes: tuple[str, ...]
+    node_count: int
+    name: str
+    # node -> {node-local GPU index: GPU type}, from gres_detail
+    gpu_indices: dict[str, dict[int, str]] = field(hash=False)
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    het_job_id: int | None = None
+    het_offset: int | None = None
+    line_no: int | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.cluster, self.job_id, self.run)
+
+    @property
+    def allocated(self) -> bool:
+        """Holds its allocation now (running, suspended, completing, ...)."""
+        return self.state in ALLOCATED_STATES and self.start is not None
+
+
+@dataclass
+class SqueueResult:
+    jobs: list[SqueueJob] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class _Invalid(ValueError):
+    """Internal: one field of one record is malformed."""
+
+
+# --------------------------------------------------------------------------- argv
+
+
+def format_sacct_time(when: datetime, tz: tzinfo | None = None) -> str:
+    """An aware datetime as sacct's -S/-E expect it: local wall time, no zone."""
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"need an aware datetime, got naive {when!r}")
+    local = when.astimezone(tz) if tz is not None else when.astimezone()
+    return local.strftime(_SACCT_TIME_FORMAT)
+
+
+def sacct_argv(
+    since: datetime,
+    until: datetime,
+    *,
+    cluster: str | None = None,
+    json_format: bool = False,
+    tz: tzinfo | None = None,
+) -> list[str]:
+    """argv for all users' job allocations active in [since, until], every attempt.
+
+    Text form: ``-X`` (allocations only: steps are never charged) and ``-D``
+    (every requeued attempt). ``--json`` always lists attempts and embeds steps.
+    """
+    if until < since:
+        raise ValueError(f"until ({until}) is before since ({since})")
+    argv = ["sacct", "--allusers"]
+    if cluster is not None:
+        argv += ["--clusters", cluster]
+    argv += ["--starttime", format_sacct_time(since, tz), "--endtime", format_sacct_time(until, tz)]
+    if json_format:
+        return [*argv, "--json"]
+    return [
+        *argv,
+        "--duplicates",
+        "--allocations",
+        "--parsable2",
+        "--noheader",
+        "--format",
+        ",".join(SACCT_FIELDS),
+    ]
+
+
+def sacct_jobs_argv(
+    job_ids: Iterable[int],
+    since: datetime,
+    until: datetime,
+    *,
+    cluster: str | None = None,
+    json_format: bool = False,
+    tz: tzinfo | None = None,
+) -> list[str]:
+    """Like :func:`sacct_argv` but for the given raw job ids only."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        raise ValueError("no job ids given")
+    argv = sacct_argv(since, until, cluster=cluster, json_format=json_format, tz=tz)
+    return [*argv[:2], "--jobs", ",".join(str(i) for i in ids), *argv[2:]]
+
+
+def squeue_argv() -> list[str]:
+    """argv for every job slurmctld holds (22.05's squeue --json ignores filters)."""
+    return ["squeue", "--all", "--json"]
+
+
+# --------------------------------------------------------------------------- field helpers
+
+
+def parse_sacct_time(text: str, tz: tzinfo | None = None) -> datetime | None:
+    """sacct's local ``YYYY-MM-DDTHH:MM:SS`` as aware UTC; Unknown/None/'' -> None.
+
+    ``tz`` is the zone sacct printed in (that of the sacct process); None means
+    this machine's local zone.
+    """
+    if text in _NO_TIME:
+        return None
+    try:
+        naive = datetime.strptime(text, _SACCT_TIME_FORMAT)
+    except ValueError:
+        raise _Invalid(f"bad time {text!r} (want YYYY-MM-DDTHH:MM:SS, Unknown or None)") from None
+    try:
+        local = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()
+        return local.astimezone(UTC)
+    except (OverflowError, OSError, ValueError) as exc:  # out of the platform's range
+        raise _Invalid(f"time {text!r} cannot be converted: {exc}") from None
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``billing=1,cpu=1,gres/gpu:a100=1,mem=2000M`` -> {name: value}."""
+    if text == "":
+        return {}
+    result: dict[str, str] = {}
+    for piece in text.split(","):
+        name, sep, value = piece.partition("=")
+        if not sep or not name or not value:
+            raise _Invalid(f"bad TRES entry {piece!r} in {text!r}")
+        if name in result:
+            raise _Invalid(f"TRES {name!r} listed twice in {text!r}")
+        result[name] = value
+    return result
+
+
+def gpus_from_tres(tres: Mapping[str, str | int]) -> dict[str, int]:
+    """GPUs per type from TRES entries.
+
+    Typed entries (``gres/gpu:a100``) win. ``gres/gpu`` is the total; with no
+    typed entries it becomes type ``"gpu"``; GPUs in the total beyond the typed
+    ones (a type missing from AccountingStorageTRES) are also kept as ``"gpu"``
+    rather than dropped.
+    """
+    typed: dict[str, int] = {}
+    total: int | None = None
+    for name, raw in tres.items():
+        if name != "gres/gpu" and not name.startswith("gres/gpu:"):
+            continue  # cpu, mem, node, billing, gres/gpumem, ...
+        count = _count(raw, name)
+        if name == "gres/gpu":
+            total = count
+        else:
+            gpu_type = name[len("gres/gpu:") :]
+            if not gpu_type:
+                raise _Invalid(f"empty GPU type in {name!r}")
+            if count:
+                typed[gpu_type] = typed.get(gpu_type, 0) + count
+    typed_sum = sum(typed.values())
+    if total is not None:
+        if typed_sum > total:
+            raise _Invalid(f"typed GPU counts {typed} exceed the gres/gpu total {total}")
+        if total > typed_sum:
+            typed["gpu"] = typed.get("gpu", 0) + total - typed_sum
+    return typed
+
+
+def _count(raw: str | int, name: str) -> int:
+    if isinstance(raw, bool):
+        raise _Invalid(f"bad count {raw!r} for {name}")
+    if isinstance(raw, int):
+        value = raw
+    elif raw.isascii() and raw.isdigit():
+        value = int(raw)
+    else:
+        raise _Invalid(f"bad count {raw!r} for {name}")
+    if value < 0:
+        raise _Invalid(f"negative count {value} for {name}")
+    return value
+
+
+def expand_hostlist(expression: str) -> tuple[str, ...]:
+    """Slurm hostlist ``node[1-3,7],gpu-[01-02]`` -> ('node1', ..., 'gpu-02').
+
+    ``None assigned`` (never allocated) and '' give ().
+    """
+    if expression in _NO_NODES:
+        return ()
+    hosts: list[str] = []
+    for item in _split_top_level(expression, ","):
+        if not item:
+            raise _Invalid(f"empty host in hostlist {expression!r}")
+        hosts.extend(_expand_host(item, expression))
+    return tuple(hosts)
+
+
+def _split_top_level(text: str, separator: str) -> list[str]:
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for char in text:
+        if char in "[(":
+            depth += 1
+        elif char in "])":
+            depth -= 1
+            if depth < 0:
+                raise _Invalid(f"unbalanced brackets in {text!r}")
+        if char == separator and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth != 0:
+        raise _Invalid(f"unbalanced brackets in {text!r}")
+    parts.append("".join(current))
+    return parts
+
+
+_HOSTLIST_MAX_HOSTS = 100_000  # a bracket typo must not allocate the world
+
+
+def _expand_host(item: str, expression: str) -> list[str]:
+    match = re.search(r"\[([^\[\]]*)\]", item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise _Invalid(f"bad hostlist {expression!r}")
+        return [item]
+    prefix, suffix = item[: match.start()], item[match.end() :]
+    names: list[str] = []
+    for part in match.group(1).split(","):
+        low, dash, high = part.partition("-")
+        if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
+            raise _Invalid(f"bad range {part!r} in hostlist {expression!r}")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first or last - first > _HOSTLIST_MAX_HOSTS:
+            raise _Invalid(f"bad range {part!r} in hostlist {expression!r}")
+        width = len(low)
+        names.extend(f"{prefix}{number:0{width}d}" for number in range(first, last + 1))
+    result: list[str] = []
+    for name in names:  # further bracket groups: rack[1-2]-node[1-2]
+        result.extend(_expand_host(name + suffix, expression))
+        if len(result) > _HOSTLIST_MAX_HOSTS:
+            raise _Invalid(f"hostlist {expression!r} is too large")
+    return result
+
+
+def _parse_display_id(display: str, job_id: int) -> dict[str, Any]:
+    match = _DISPLAY_ID_RE.match(display)
+    if match is None:
+        raise _Invalid(f"bad JobID {display!r}")
+    base = int(match["base"])
+    ids: dict[str, Any] = {
+        "array_job_id": None,
+        "array_task_id": None,
+        "het_job_id": None,
+        "het_offset": None,
+    }
+    if match["task"] is not None:
+        ids["array_job_id"], ids["array_task_id"] = base, int(match["task"])
+    elif match["tasks"] is not None:
+        ids["array_job_id"] = base  # pending array tasks not yet split off
+    elif match["offset"] is not None:
+        ids["het_job_id"], ids["het_offset"] = base, int(match["offset"])
+        if ids["het_offset"] == 0 and base != job_id:
+            raise _Invalid(f"het leader {display!r} has raw id {job_id}, expected {base}")
+    elif base != job_id:
+        raise _Invalid(f"JobID {display!r} and JobIDRaw {job_id} disagree")
+    return ids
+
+
+def _parse_state(text: str) -> tuple[str, str | None]:
+    match = _STATE_RE.match(text)
+    if match is None:
+        raise _Invalid(f"bad State {text!r}")
+    return match["state"], match["by"]
+
+
+def _parse_int(text: str, what: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise _Invalid(f"bad {what} {text!r} (want a non-negative integer)")
+    return int(text)
+
+
+def _parse_time_limit_minutes(text: str) -> int | None:
+    if text in _NO_TIME_LIMIT:
+        return None
+    return _parse_int(text, "TimelimitRaw") * 60
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= _ERROR_LINE_MAX_CHARS else line[:_ERROR_LINE_MAX_CHARS] + "…"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _assign_runs(runs: Sequence[SacctRun]) -> list[SacctRun]:
+    """Number the attempts of each (cluster, raw job id): by start, then submit, then input order.
+
+    Attempts that never started (pending, cancelled while pending) sort last.
+    """
+    groups: dict[tuple[str, int], list[tuple[int, SacctRun]]] = {}
+    for position, run in enumerate(runs):
+        groups.setdefault((run.cluster, run.job_id), []).append((position, run))
+    numbered: dict[int, SacctRun] = {}
+    for members in groups.values():
+
+        def order(item: tuple[int, SacctRun]) -> tuple[bool, datetime, bool, datetime, int]:
+            position, run = item
+            floor = datetime.min.replace(tzinfo=UTC)
+            return (
+                run.start is None,
+                run.start or floor,
+                run.submit is None,
+                run.submit or floor,
+                position,
+            )
+
+        for index, (position, run) in enumerate(sorted(members, key=order)):
+            numbered[position] = replace(run, run=index)
+    return [numbered[position] for position in range(len(runs))]
+
+
+# --------------------------------------------------------------------------- parsable2
+
+
+def parse_parsable2(text: str, *, tz: tzinfo | None = None) -> ParseResult:
+    """Parse ``sacct --parsable2 --noheader -o <SACCT_FIELDS>`` output.
+
+    Never raises on content. Lines are split on "\\n" only; empty lines are
+    ignored; step lines are counted in ``skipped_step_lines``.
+    """
+    result = ParseResult()
+    runs: list[SacctRun] = []
+    for line_no, raw_line in enumerate(text.split("\n"), start=1):
+        line = raw_line[:-1] if raw_line.endswith("\r") else raw_line
+        if line == "":
+            continue
+        parts = line.split("|", len(SACCT_FIELDS) - 1)
+        if "." in parts[0] and len(parts) == len(SACCT_FIELDS):
+            result.skipped_step_lines.append(line_no)
+            continue
+        try:
+            if len(parts) != len(SACCT_FIELDS):
+                raise _Invalid(
+                    f"expected {len(SACCT_FIELDS)} '|'-separated fields "
+                    f"({','.join(SACCT_FIELDS)}), got {len(parts)}"
+                )
+            row = dict(zip(SACCT_FIELDS, parts, strict=True))
+            runs.append(_run_from_row(row, line_no, tz))
+        except _Invalid as exc:
+            job_id = parts[0] if parts[0].isascii() and parts[0].isdigit() else None
+            result.errors.append(ParseError(line_no, _clip(line), str(exc), int(job_id) if job_id else None))
+    result.runs = _assign_runs(runs)
+    return result
+
+
+def _run_from_row(row: Mapping[str, str], line_no: int, tz: tzinfo | None) -> SacctRun:
+    job_id = _parse_int(row["JobIDRaw"], "JobIDRaw")
+    ids = _parse_display_id(row["JobID"], job_id)
+    if not row["Cluster"]:
+        raise _Invalid("empty Cluster")
+    state, by = _parse_state(row["State"])
+    alloc_tres = parse_tres(row["AllocTRES"])
+    nodes = expand_hostlist(row["NodeList"]) if alloc_tres else ()
+    node_count = _parse_int(row["NNodes"], "NNodes") if alloc_tres else 0
+    if nodes and len(nodes) != node_count:
+        raise _Invalid(f"NodeList {row['NodeList']!r} has {len(nodes)} nodes, NNodes {node_count}")
+    return SacctRun(
+        cluster=row["Cluster"],
+        job_id=job_id,
+        display_id=row["JobID"],
+        run=-1,  # assigned once all rows are known
+        user=row["User"],
+        account=row["Account"],
+        partition=row["Partition"],
+        state=state,
+        submit=parse_sacct_time(row["Submit"], tz),
+        start=parse_sacct_time(row["Start"], tz),
+        end=parse_sacct_time(row["End"], tz),
+        elapsed_seconds=_parse_int(row["ElapsedRaw"], "ElapsedRaw"),
+        time_limit_seconds=_parse_time_limit_minutes(row["TimelimitRaw"]),
+        gpus=gpus_from_tres(alloc_tres),
+        requested_gpus=gpus_from_tres(parse_tres(row["ReqTRES"])),
+        nodes=nodes,
+        node_count=node_count,
+        name=row["JobName"],
+        cancelled_by=by,
+        line_no=line_no,
+        **ids,
+    )
+
+
+# --------------------------------------------------------------------------- JSON helpers
+
+
+def _get(obj: Any, path: str) -> Any:
+    current = obj
+    for key in path.split("."):
+        if not isinstance(current, dict) or key not in current:
+            raise _Invalid(f"missing {path!r}")
+        current = current[key]
+    return current
+
+
+def _opt(obj: Any, path: str) -> Any:
+    try:
+        return _get(obj, path)
+    except _Invalid:
+        return None
+
+
+def _json_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Invalid(f"bad {what} {value!r} (want a non-negative integer)")
+    return value
+
+
+def _json_opt_int(value: Any, what: str) -> int | None:
+    return None if value is None else _json_int(value, what)
+
+
+def _json_str(value: Any, what: str, *, allow_none: bool = True) -> str:
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise _Invalid(f"bad {what} {value!r} (want a string)")
+    return value
+
+
+def _epoch(value: Any, what: str) -> datetime | None:
+    seconds = _json_opt_int(value, what)
+    if seconds is None or seconds == 0 or seconds in (_SLURM_NO_VAL, _SLURM_INFINITE):
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise _Invalid(f"bad {what} {value!r}") from None
+
+
+def _minutes(value: Any, what: str) -> int | None:
+    minutes = _json_opt_int(value, what)
+    if minutes is None or minutes in (_SLURM_NO_VAL, _SLURM_INFINITE):
+        return None
+    return minutes * 60
+
+
+def _tres_list(value: Any, what: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise _Invalid(f"bad {what} (want a list)")
+    entries: dict[str, int] = {}
+    for entry in value:
+        tres_type = _json_str(_get(entry, "type"), f"{what} type", allow_none=False)
+        name = _json_str(_opt(entry, "name"), f"{what} name")
+        key = f"{tres_type}/{name}" if name else tres_type
+        raw_count = _opt(entry, "count")
+        if raw_count is None and tres_type != "gres":
+            continue  # 22.05 lists {"type": "energy", "count": null} on every job
+        count = _json_int(raw_count, f"{what} count for {key}")
+        if key in entries:
+            raise _Invalid(f"{what}: {key!r} listed twice")
+        entries[key] = count
+    return entries
+
+
+# ESLURM_REST_EMPTY_RESULT: sacct --json reports an empty result as an error
+# ("Nothing found with query", recorded); it is not one.
+_EMPTY_RESULT_ERROR_NUMBER = 9003
+
+
+def _load_document(text: str) -> tuple[dict[str, Any] | None, list[ParseError]]:
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return None, [ParseError(0, _clip(text), f"invalid JSON: {exc}")]
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        return None, [ParseError(0, _clip(text), "not a Slurm JSON document: no 'jobs' list")]
+    reported = document.get("errors")
+    if reported is None:
+        reported = []
+    elif not isinstance(reported, list):
+        reported = [reported]
+    errors = [
+        ParseError(0, _clip(json.dumps(error, sort_keys=True)), "Slurm reported an error")
+        for error in reported
+        if not (
+            not document["jobs"]
+            and isinstance(error, dict)
+            and error.get("error_number") == _EMPTY_RESULT_ERROR_NUMBER
+        )
+    ]
+    return document, errors
+
+
+def _entry_error(index: int, job: Any, exc: Exception) -> ParseError:
+    job_id = job.get("job_id") if isinstance(job, dict) else None
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        job_id = None
+    return ParseError(index + 1, _clip(json.dumps(job, sort_keys=True, default=str)), str(exc), job_id)
+
+
+# --------------------------------------------------------------------------- sacct --json
+
+
+def parse_json(text: str) -> ParseResult:
+    """Parse ``sacct --json``. Never raises on content.
+
+    Each ``jobs[]`` entry is one attempt's allocation record; its ``steps`` are
+    ignored. Errors carry the 1-based position in ``jobs[]`` as ``line_no``.
+    """
+    result = ParseResult()
+    document, result.errors = _load_document(text)
+    if document is None:
+        return result
+    runs: list[SacctRun] = []
+    for index, job in enumerate(document["jobs"]):
+        try:
+            runs.append(_run_from_json(job, index + 1))
+        except _Invalid as exc:
+            result.errors.append(_entry_error(index, job, exc))
+    result.runs = _assign_runs(runs)
+    return result
+
+
+def _run_from_json(job: Any, position: int) -> SacctRun:
+    if not isinstance(job, dict):
+        raise _Invalid("job entry is not an object")
+    job_id = _json_int(_get(job, "job_id"), "job_id")
+    cluster = _json_str(_opt(job, "cluster"), "cluster") or _json_str(
+        _opt(job, "association.cluster"), "association.cluster"
+    )
+    if not cluster:
+        raise _Invalid("no cluster")
+    user = _json_str(_opt(job, "user"), "user") or _json_str(
+        _opt(job, "association.user"), "association.user"
+    )
+    account = _json_str(_opt(job, "account"), "account") or _json_str(
+        _opt(job, "association.account"), "association.account"
+    )
+    state_text = _json_str(_get(job, "state.current"), "state.current", allow_none=False)
+    state, _ = _parse_state(state_text)
+    ids = _json_ids(job, job_id)
+    allocated = _tres_list(_opt(job, "tres.allocated"), "tres.allocated")
+    nodes = expand_hostlist(_json_str(_opt(job, "nodes"), "nodes")) if allocated else ()
+    node_count = _json_int(_get(job, "allocation_nodes"), "allocation_nodes") if allocated else 0
+    if nodes and len(nodes) != node_count:
+        raise _Invalid(f"nodes {job.get('nodes')!r} has {len(nodes)} nodes, expected {node_count}")
+    elapsed = _json_int(_get(job, "time.elapsed"), "time.elapsed")
+    cancelled_by = _json_str(_opt(job, "kill_request_user"), "kill_request_user") or None
+    return SacctRun(
+        cluster=cluster,
+        job_id=job_id,
+        display_id=_json_display_id(job_id, ids, _opt(job, "array.task")),
+        run=-1,
+        user=user,
+        account=account,
+        partition=_json_str(_opt(job, "partition"), "partition"),
+        state=state,
+        submit=_epoch(_opt(job, "time.submission"), "time.submission"),
+        start=_epoch(_opt(job, "time.start"), "time.start"),
+        end=_epoch(_opt(job, "time.end"), "time.end"),
+        elapsed_seconds=elapsed,
+        time_limit_seconds=_minutes(_opt(job, "time.limit"), "time.limit"),
+        gpus=gpus_from_tres(allocated),
+        requested_gpus=gpus_from_tres(_tres_list(_opt(job, "tres.requested"), "tres.requested")),
+        nodes=nodes,
+        node_count=node_count,
+        name=_json_str(_opt(job, "name"), "name"),
+        cancelled_by=cancelled_by if state == "CANCELLED" else None,
+        line_no=position,
+        **ids,
+    )
+
+
+def _json_ids(job: Mapping[str, Any], job_id: int) -> dict[str, int | None]:
+    # dbv0.0.38: array.job_id is 0 and array.task_id null outside arrays;
+    # het.job_id is 0 and het.job_offset null outside het jobs.
+    array_job_id = _json_opt_int(_opt(job, "array.job_id"), "array.job_id") or None
+    array_task_id = _json_opt_int(_opt(job, "array.task_id"), "array.task_id")
+    het_job_id = _json_opt_int(_opt(job, "het.job_id"), "het.job_id") or None
+    het_offset = _json_opt_int(_opt(job, "het.job_offset"), "het.job_offset")
+    if array_job_id is None:
+        array_task_id = None
+    if het_job_id is None:
+        het_offset = None
+    elif het_offset is None:
+        raise _Invalid(f"het job {het_job_id} without het.job_offset")
+    elif het_offset == 0 and het_job_id != job_id:
+        raise _Invalid(f"het leader of {het_job_id} has job_id {job_id}")
+    return {
+        "array_job_id": array_job_id,
+        "array_task_id": array_task_id,
+        "het_job_id": het_job_id,
+        "het_offset": het_offset,
+    }
+
+
+def _json_display_id(job_id: int, ids: Mapping[str, int | None], array_tasks: Any) -> str:
+    if ids["het_job_id"] is not None:
+        return f"{ids['het_job_id']}+{ids['het_offset']}"
+    if ids["array_job_id"] is not None:
+        if ids["array_task_id"] is not None:
+            return f"{ids['array_job_id']}_{ids['array_task_id']}"
+        return f"{ids['array_job_id']}_[{array_tasks if isinstance(array_tasks, str) else ''}]"
+    return str(job_id)
+
+
+# --------------------------------------------------------------------------- squeue --json
+
+
+_GRES_DETAIL_ENTRY_RE = re.compile(r"(?P<spec>[^,()]+)\((?P<detail>[^()]*)\)|(?P<bare>[^,()]+)")
+
+
+def parse_gres_detail(text: str) -> dict[int, str]:
+    """``gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)`` -> {0: 'a100', 2: 'h100'}.
+
+    One node's GRES detail as squeue --json (gres_detail[i]) and
+    ``scontrol show job -d`` (GRES=...) print it. Untyped GPUs get type "gpu";
+    non-GPU GRES are ignored.
+    """
+    indices: dict[int, str] = {}
+    position = 0
+    while position < len(text):
+        match = _GRES_DETAIL_ENTRY_RE.match(text, position)
+        if match is None:
+            raise _Invalid(f"bad GRES detail {text!r} at {position}")
+        position = match.end()
+        if position < len(text):
+            if text[position] != ",":
+                raise _Invalid(f"bad GRES detail {text!r} at {position}")
+            position += 1
+        spec = match["spec"] or match["bare"]
+        parts = spec.split(":")
+        if parts[0] != "gpu":
+            continue
+        if match["detail"] is None:
+            raise _Invalid(f"GPU entry {spec!r} without (IDX:...) in {text!r}")
+        # gpu:a100:1 / gpu:a100 are typed; gpu:2 / gpu are not
+        typed = len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit())
+        gpu_type = parts[1] if typed else "gpu"
+        detail = match["detail"]
+        if not detail.startswith("IDX:"):
+            raise _Invalid(f"GPU entry {spec!r} without IDX in {text!r}")
+        index_list = detail[len("IDX:") :]
+        if index_list in ("", "N/A"):
+            continue
+        for part in index_list.split(","):
+            low, dash, high = part.partition("-")
+            first = _parse_int(low, "GPU index")
+            last = _parse_int(high, "GPU index") if dash else first
+            if last < first or last - first > 4096:
+                raise _Invalid(f"bad GPU index range {part!r} in {text!r}")
+            for index in range(first, last + 1):
+                if index in indices:
+                    raise _Invalid(f"GPU index {index} listed twice in {text!r}")
+                indices[index] = gpu_type
+    return indices
+
+
+def parse_squeue_json(text: str) -> SqueueResult:
+    """Parse ``squeue --json`` (every job slurmctld holds). Never raises on content."""
+    result = SqueueResult()
+    document, result.errors = _load_document(text)
+    if document is None:
+        return result
+    for index, job in enumerate(document["jobs"]):
+        try:
+            result.jobs.append(_squeue_job(job, index + 1))
+        except _Invalid as exc:
+            result.errors.append(_entry_error(index, job, exc))
+    return result
+
+
+def _squeue_job(job: Any, position: int) -> SqueueJob:
+    if not isinstance(job, dict):
+        raise _Invalid("job entry is not an object")
+    job_id = _json_int(_get(job, "job_id"), "job_id")
+    cluster = _json_str(_get(job, "cluster"), "cluster")
+    if not cluster:
+        raise _Invalid("no cluster")
+    state, _ = _parse_state(_json_str(_get(job, "job_state"), "job_state", allow_none=False))
+    run = _json_int(_get(job, "restart_cnt"), "restart_cnt")
+    array_job_id = _json_opt_int(_opt(job, "array_job_id"), "array_job_id") or None
+    array_task_id = _json_opt_int(_opt(job, "array_task_id"), "array_task_id")
+    het_job_id = _json_opt_int(_opt(job, "het_job_id"), "het_job_id") or None
+    het_offset = _json_opt_int(_opt(job, "het_job_offset"), "het_job_offset")
+    ids: dict[str, int | None] = {
+        "array_job_id": array_job_id,
+        "array_task_id": array_task_id if array_job_id is not None else None,
+        "het_job_id": het_job_id,
+        "het_offset": het_offset if het_job_id is not None else None,
+    }
+    if het_job_id is not None and het_offset is None:
+        raise _Invalid(f"het job {het_job_id} without het_job_offset")
+    alloc = parse_tres(_json_str(_opt(job, "tres_alloc_str"), "tres_alloc_str"))
+    nodes = expand_hostlist(_json_str(_opt(job, "nodes"), "nodes")) if alloc else ()
+    details = _opt(job, "gres_detail") or []
+    if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
+        raise _Invalid("bad gres_detail (want a list of strings)")
+    gpu_indices: dict[str, dict[int, str]] = {}
+    if details and nodes:
+        if len(details) != len(nodes):
+            raise _Invalid(f"gres_detail has {len(details)} entries for {len(nodes)} nodes")
+        for node, detail in zip(nodes, details, strict=True):
+            indices = parse_gres_detail(detail)
+            if indices:
+                gpu_indices[node] = indices
+    node_count = _json_opt_int(_opt(job, "node_count"), "node_count") or 0
+    return SqueueJob(
+        cluster=cluster,
+        job_id=job_id,
+        display_id=_json_display_id(job_id, ids, _opt(job, "array_task_string")),
+        run=run,
+        user=_json_str(_opt(job, "user_name"), "user_name"),
+        account=_json_str(_opt(job, "account"), "account"),
+        partition=_json_str(_opt(job, "partition"), "partition"),
+        state=state,
+        submit=_epoch(_opt(job, "submit_time"), "submit_time"),
+        start=_epoch(_opt(job, "start_time"), "start_time"),
+        end=_epoch(_opt(job, "end_time"), "end_time"),
+        time_limit_seconds=_minutes(_opt(job, "time_limit"), "time_limit"),
+        gpus=gpus_from_tres(alloc),
+        requested_gpus=gpus_from_tres(parse_tres(_json_str(_opt(job, "tres_req_str"), "tres_req_str"))),
+        nodes=nodes,
+        node_count=node_count if alloc else 0,
+        name=_json_str(_opt(job, "name"), "name"),
+        gpu_indices=gpu_indices,
+        line_no=position,
+        **ids,
+    )
