@@ -22,8 +22,11 @@ from sqlalchemy.orm import Session
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade
 
-PG_ADMIN_URL = os.environ.get("GPUCREDIT_TEST_PG_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+pytest_plugins = ["tests.conftest_slurm"]
+
+PG_ADMIN_URL = os.environ.get(
+    "GPUCREDIT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 IN_CI = bool(os.environ.get("CI"))
 
 
@@ -43,7 +46,7 @@ def _pg_admin() -> Engine | None:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
         return engine
-    except Exception:  # noqa: BLE001 - any connection failure means "not available"
+    except Exception:
         return None
 
 
@@ -82,15 +85,19 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _new_database(store: str, tmp_path: Path, sqlite_template: Path,
-                  pg_template: str | None) -> Iterator[str]:
+def _new_database(
+    store: str, tmp_path: Path, sqlite_template: Path, pg_template: str | None
+) -> Iterator[str]:
     if store == "sqlite":
         path = tmp_path / "ledger.db"
         shutil.copy(sqlite_template, path)
         yield f"sqlite:///{path}"
         return
-    require(pg_template is not None, "PostgreSQL at " + PG_ADMIN_URL,
-            "start it (pg_ctlcluster 15 main start) or set GPUCREDIT_TEST_PG_URL")
+    require(
+        pg_template is not None,
+        "PostgreSQL at " + PG_ADMIN_URL,
+        "start it (pg_ctlcluster 15 main start) or set GPUCREDIT_TEST_PG_URL",
+    )
     admin = _pg_admin()
     assert admin is not None
     name = f"gpucredit_t_{uuid.uuid4().hex[:10]}"
@@ -110,8 +117,7 @@ def store(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def db_url(store: str, tmp_path: Path, sqlite_template: Path,
-           pg_template: str | None) -> Iterator[str]:
+def db_url(store: str, tmp_path: Path, sqlite_template: Path, pg_template: str | None) -> Iterator[str]:
     yield from _new_database(store, tmp_path, sqlite_template, pg_template)
 
 

@@ -1,0 +1,167 @@
+"""The slurm.conf lines gpucredit needs, and the hook shims those lines name.
+
+Pure and stdlib-only. `gpucredit slurm config` prints `slurm_conf_lines()`,
+`gpucredit slurm install` calls `install()`, and the test cluster
+(`tests/slurmbox.py`) renders its slurm.conf with the same function, so the
+box runs exactly what admins are told to add.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_ETC_DIR",
+    "DEFAULT_HOOK_DIR",
+    "HOOKS",
+    "PACKAGED_JOB_SUBMIT_LUA",
+    "install",
+    "render_shim",
+    "shim_name",
+    "slurm_conf_lines",
+]
+
+DEFAULT_ETC_DIR = "/etc/slurm"
+DEFAULT_HOOK_DIR = "/etc/slurm/gpucredit"
+
+# `gpucredit hook <command>` -> the slurm.conf key that runs it.
+HOOKS: dict[str, str] = {
+    "prolog-slurmctld": "PrologSlurmctld",
+    "epilog-slurmctld": "EpilogSlurmctld",
+    "prolog": "Prolog",
+    "epilog": "Epilog",
+}
+
+# The real job_submit.lua, shipped as package data of `job_submit`
+# (a sibling package, both in a source checkout and once installed).
+PACKAGED_JOB_SUBMIT_LUA = Path(__file__).resolve().parent.parent / "job_submit" / "job_submit.lua"
+
+_SHIM_TEMPLATE = Path(__file__).resolve().parent / "templates" / "hook.sh"
+_GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_PLACEHOLDER = re.compile(r"@[a-z_]+@")
+
+
+def shim_name(hook: str) -> str:
+    """File name of the shim for `hook`: prolog-slurmctld -> prolog_slurmctld.sh."""
+    if hook not in HOOKS:
+        raise ValueError(f"unknown hook {hook!r}; expected one of {', '.join(HOOKS)}")
+    return hook.replace("-", "_") + ".sh"
+
+
+def _require_absolute(what: str, path: str) -> str:
+    # Slurm runs hooks with no PATH and from its own working directory.
+    if not os.path.isabs(path):
+        raise ValueError(f"{what} must be an absolute path, got {path!r}")
+    return os.path.normpath(path)
+
+
+def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) -> str:
+    """The lines an admin adds to slurm.conf, each group under a `#` comment.
+
+    `gres_types` are the priced GPU types (`a100`, `h100`): Slurm records
+    GPU-seconds per type only for types named in AccountingStorageTRES.
+    `job_submit_dir` is where job_submit.lua is installed; Slurm 22.05 loads it
+    from the directory that holds slurm.conf and has no setting to move it.
+    """
+    hook_dir = _require_absolute("hook_dir", hook_dir)
+    job_submit_dir = _require_absolute("job_submit_dir", job_submit_dir)
+    if not gres_types:
+        raise ValueError("gres_types is empty: name at least one GPU type, e.g. a100")
+    for gres in gres_types:
+        if not _GRES_TYPE.fullmatch(gres):
+            raise ValueError(f"invalid GPU type {gres!r}")
+    types = list(dict.fromkeys(gres_types))  # keep order, drop repeats
+    tres = ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in types)])
+    lua = os.path.join(job_submit_dir, "job_submit.lua")
+    hooks = {key: os.path.join(hook_dir, shim_name(hook)) for hook, key in HOOKS.items()}
+    lines = [
+        f"# gpucredit: quote and refuse jobs at submit time ({lua})",
+        "JobSubmitPlugins=lua",
+        "# gpucredit: hold credit before a job starts, settle it when the job ends",
+        f"PrologSlurmctld={hooks['PrologSlurmctld']}",
+        f"EpilogSlurmctld={hooks['EpilogSlurmctld']}",
+        "# gpucredit: start and stop GPU sampling on each node",
+        f"Prolog={hooks['Prolog']}",
+        f"Epilog={hooks['Epilog']}",
+        "# gpucredit: account GPU-seconds per GPU type; every job needs an account (it pays)",
+        f"AccountingStorageTRES={tres}",
+        "AccountingStorageEnforce=associations,limits",
+        "# gpucredit: fairshare from credit and usage (`gpucredit fairshare sync` sets the shares)",
+        "PriorityType=priority/multifactor",
+        "PriorityWeightFairshare=10000",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_shim(hook: str, gpucredit_exe: str, config_path: str) -> str:
+    """The text of the shell shim that runs `gpucredit hook <hook>`."""
+    shim_name(hook)  # validates the name
+    values = {
+        "hook": hook,
+        "exe": shlex.quote(_require_absolute("gpucredit_exe", gpucredit_exe)),
+        "config": shlex.quote(_require_absolute("config_path", config_path)),
+    }
+    text = _SHIM_TEMPLATE.read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    left = _PLACEHOLDER.search(text)
+    if left:
+        raise ValueError(f"{_SHIM_TEMPLATE} has an unknown placeholder {left.group()}")
+    return text
+
+
+def _write_atomically(path: Path, data: bytes, mode: int) -> None:
+    # Slurm may run a hook while we rewrite it: it must see the old file or the
+    # new one, never half of one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        old_mtime = path.stat().st_mtime if path.exists() else 0.0
+        # slurmctld reloads job_submit.lua only when its mtime, in whole seconds,
+        # is newer than that of the copy it loaded: make every rewrite newer.
+        new_mtime = max(os.stat(tmp).st_mtime, int(old_mtime) + 1)
+        os.utime(tmp, (new_mtime, new_mtime))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def install(
+    etc_dir: str,
+    hook_dir: str,
+    gpucredit_exe: str,
+    config_path: str,
+    *,
+    job_submit_lua: str | None = None,
+) -> list[str]:
+    """Write the four hook shims into `hook_dir` and job_submit.lua into `etc_dir`.
+
+    `job_submit_lua` is the script to install; by default the one gpucredit
+    ships. Returns the paths written. Files are replaced atomically.
+    """
+    etc = Path(_require_absolute("etc_dir", etc_dir))
+    hooks = Path(_require_absolute("hook_dir", hook_dir))
+    lua_source = Path(job_submit_lua) if job_submit_lua else PACKAGED_JOB_SUBMIT_LUA
+    if not lua_source.is_file():
+        raise FileNotFoundError(f"job_submit.lua not found at {lua_source}")
+    shims = {hook: render_shim(hook, gpucredit_exe, config_path) for hook in HOOKS}
+
+    hooks.mkdir(mode=0o755, parents=True, exist_ok=True)
+    etc.mkdir(mode=0o755, parents=True, exist_ok=True)
+    written = []
+    for hook, text in shims.items():
+        path = hooks / shim_name(hook)
+        _write_atomically(path, text.encode(), 0o755)
+        written.append(str(path))
+    lua_target = etc / "job_submit.lua"
+    _write_atomically(lua_target, lua_source.read_bytes(), 0o644)
+    written.append(str(lua_target))
+    return written

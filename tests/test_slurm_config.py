@@ -1,0 +1,262 @@
+"""`gpucredit slurm config|install`, and the cluster in a box that runs them."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_hooks import slurmconf
+from slurm_hooks.slurm_cli import slurm
+from slurm_hooks.slurmconf import DEFAULT_HOOK_DIR, HOOKS, install, shim_name, slurm_conf_lines
+from tests.slurmbox import SlurmBox, parse_scontrol
+
+GPUCREDIT_KEYS = (
+    "JobSubmitPlugins",
+    "PrologSlurmctld",
+    "EpilogSlurmctld",
+    "Prolog",
+    "Epilog",
+    "AccountingStorageTRES",
+    "AccountingStorageEnforce",
+    "PriorityType",
+    "PriorityWeightFairshare",
+)
+
+
+def _config_output(*args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(slurm, ["config", *args], env=env)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_config_prints_the_lines_the_box_runs() -> None:
+    printed = _config_output("--gres", "a100,h100")
+    assert printed == slurm_conf_lines(DEFAULT_HOOK_DIR, ["a100", "h100"], "/etc/slurm")
+    assert printed in SlurmBox().render_slurm_conf()
+
+
+def test_config_lines_are_the_only_source_of_gpucredit_settings() -> None:
+    conf = SlurmBox().render_slurm_conf()
+    keys = [line.split("=", 1)[0] for line in conf.splitlines() if "=" in line and line[0] != "#"]
+    for key in GPUCREDIT_KEYS:
+        assert keys.count(key) == 1, key
+    assert "@" not in conf
+
+
+def test_config_lines_content() -> None:
+    lines = slurm_conf_lines("/opt/hooks", ["h100", "a100", "h100"], "/etc/slurm").splitlines()
+    settings = [line for line in lines if not line.startswith("#")]
+    assert settings == [
+        "JobSubmitPlugins=lua",
+        "PrologSlurmctld=/opt/hooks/prolog_slurmctld.sh",
+        "EpilogSlurmctld=/opt/hooks/epilog_slurmctld.sh",
+        "Prolog=/opt/hooks/prolog.sh",
+        "Epilog=/opt/hooks/epilog.sh",
+        "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100",
+        "AccountingStorageEnforce=associations,limits",
+        "PriorityType=priority/multifactor",
+        "PriorityWeightFairshare=10000",
+    ]
+    assert lines[0] == "# gpucredit: quote and refuse jobs at submit time (/etc/slurm/job_submit.lua)"
+    assert len(lines) - len(settings) == 5  # one comment per group
+
+
+def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:
+    config = tmp_path / "gpucredit.toml"
+    config.write_text('[prices]\nl40s = "1.10"\nh100 = "3.60"\n')
+    printed = _config_output("--hook-dir", "/opt/h", env={"GPUCREDIT_CONFIG": str(config)})
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:l40s,gres/gpu:h100\n" in printed
+    missing = _config_output(env={"GPUCREDIT_CONFIG": str(tmp_path / "absent.toml")})
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in missing
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hook-dir", "relative/dir"], "hook_dir must be an absolute path"),
+        (["--gres", "a100,bad type"], "invalid GPU type 'bad type'"),
+        (["--gres", ","], "name at least one GPU type"),
+    ],
+)
+def test_config_rejects_bad_input(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(slurm, ["config", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+@pytest.fixture
+def fake_exe(tmp_path: Path) -> Path:
+    """Stands in for gpucredit: prints its config and arguments."""
+    exe = tmp_path / "bin" / "fake gpucredit"
+    exe.parent.mkdir()
+    exe.write_text('#!/bin/sh\necho "CONFIG=$GPUCREDIT_CONFIG ARGS=$*"\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def test_install_writes_shims_and_job_submit(tmp_path: Path, fake_exe: Path) -> None:
+    lua = tmp_path / "src.lua"
+    lua.write_text("return slurm.SUCCESS\n")
+    etc, hooks = tmp_path / "etc", tmp_path / "etc" / "hooks"
+    config = tmp_path / "my config.toml"
+    written = install(str(etc), str(hooks), str(fake_exe), str(config), job_submit_lua=str(lua))
+
+    assert written == [*(str(hooks / shim_name(h)) for h in HOOKS), str(etc / "job_submit.lua")]
+    assert (etc / "job_submit.lua").read_text() == "return slurm.SUCCESS\n"
+    for hook in HOOKS:
+        shim = hooks / shim_name(hook)
+        assert stat.S_IMODE(shim.stat().st_mode) == 0o755
+        # Slurm runs hooks with an empty environment: no PATH at all.
+        out = subprocess.run([str(shim)], env={}, capture_output=True, text=True, check=True)
+        assert out.stdout == f"CONFIG={config} ARGS=hook {hook}\n"
+
+
+def test_install_bumps_job_submit_mtime(tmp_path: Path, fake_exe: Path) -> None:
+    """slurmctld reloads job_submit.lua only when its mtime (seconds) grows."""
+    lua = tmp_path / "src.lua"
+    lua.write_text("return slurm.SUCCESS\n")
+    args = (str(tmp_path), str(tmp_path / "h"), str(fake_exe), "/etc/gpucredit.toml")
+    install(*args, job_submit_lua=str(lua))
+    first = os.stat(tmp_path / "job_submit.lua").st_mtime
+    install(*args, job_submit_lua=str(lua))
+    assert int(os.stat(tmp_path / "job_submit.lua").st_mtime) > int(first)
+
+
+def test_install_refuses_relative_paths_and_missing_lua(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="gpucredit_exe must be an absolute path"):
+        install(str(tmp_path), str(tmp_path), "gpucredit", "/c.toml", job_submit_lua=__file__)
+    with pytest.raises(FileNotFoundError, match=r"job_submit\.lua not found"):
+        install(str(tmp_path), str(tmp_path), "/x", "/c.toml", job_submit_lua=str(tmp_path / "no"))
+
+
+def test_install_command(tmp_path: Path, fake_exe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["install", "--etc-dir", str(tmp_path), "--hook-dir", str(tmp_path / "h")]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", "/etc/g.toml"]
+    lua = tmp_path / "shipped.lua"
+    monkeypatch.setattr(slurmconf, "PACKAGED_JOB_SUBMIT_LUA", lua)
+
+    result = CliRunner().invoke(slurm, args)
+    assert result.exit_code == 2
+    assert f"job_submit.lua not found at {lua}" in result.output
+
+    lua.write_text("return slurm.SUCCESS\n")
+    result = CliRunner().invoke(slurm, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        *(str(tmp_path / "h" / shim_name(h)) for h in HOOKS),
+        str(tmp_path / "job_submit.lua"),
+    ]
+
+
+def test_parse_scontrol_keeps_values_with_spaces() -> None:
+    line = "JobId=7 JobName=my job Reason=gpucredit: no credit JobState=PENDING Comment=a b"
+    job = parse_scontrol(line)
+    assert job == {
+        "JobId": "7",
+        "JobName": "my job",
+        "Reason": "gpucredit: no credit",
+        "JobState": "PENDING",
+        "Comment": "a b",
+    }
+
+
+# --------------------------------------------------------------------------- on the box
+
+
+@pytest.fixture
+def passthrough_box(slurm_box: SlurmBox) -> Iterator[SlurmBox]:
+    """The box with hooks that accept everything: tests Slurm, not the ledger."""
+    previous = slurm_box.hooks
+    slurm_box.use_hooks("passthrough")
+    try:
+        yield slurm_box
+    finally:
+        slurm_box.use_hooks(previous)
+
+
+@pytest.mark.slurm
+def test_box_runs_a_gpu_job_and_accounts_it_by_type(passthrough_box: SlurmBox) -> None:
+    box = passthrough_box
+    rc, out, err = box.sbatch(["--parsable", "--gres=gpu:a100:1", "--wrap", "true"], user="alice")
+    assert rc == 0, err
+    job_id = int(out)
+
+    assert box.wait_state(job_id, "COMPLETED", timeout=60) == "COMPLETED"
+    (row,) = box.sacct_rows(job_id)
+    assert row["User"] == "alice"
+    assert row["Account"] == "physics"
+    assert row["Partition"] == "onprem"
+    assert "gres/gpu:a100=1" in row["AllocTRES"].split(",")
+    job = box.scontrol_job(job_id)
+    assert job["JobState"] == "COMPLETED"
+    assert job["TresPerNode"] == "gres:gpu:a100:1"
+
+
+@pytest.mark.slurm
+def test_box_has_the_accounts_and_users(slurm_box: SlurmBox) -> None:
+    out = subprocess.run(
+        ["/usr/bin/sacctmgr", "-n", "-P", "show", "assoc", "format=account,user,parentname"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert {"physics||research", "chemistry||research"} <= set(out)
+    assert {"physics|alice|", "physics|bob|", "chemistry|bob|"} <= set(out)
+    assert {"research|root|", "physics|root|", "chemistry|root|"} <= set(out)
+    assert "chemistry|alice|" not in out
+
+
+HOLD_PROBE_PROLOG = """#!/bin/sh
+# Refuses jobs named hold-probe the way gpucredit's PrologSlurmctld does; others run the real shim.
+case "$SLURM_JOB_NAME" in hold-probe) ;; *) exec {original} ;; esac
+[ -e {allow} ] && exit 0
+/usr/bin/scontrol update jobid=$SLURM_JOB_ID priority=0 comment="gpucredit: no credit" \\
+    admincomment=gpucredit-hold
+exit 1
+"""
+
+
+def _poll(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+def test_prolog_hold_keeps_the_job_held_until_released(passthrough_box: SlurmBox, tmp_path: Path) -> None:
+    """The Slurm behaviour gpucredit's refusal relies on (DESIGN §3 step 2).
+
+    A bare non-zero exit requeues the job and it loops; setting priority 0
+    first leaves it PENDING with Reason=JobHeldAdmin that the user cannot
+    release, and `scontrol release` runs it again as run 1.
+    """
+    box = passthrough_box
+    original = tmp_path / "original.sh"
+    original.write_text((Path(box.hook_dir) / shim_name("prolog-slurmctld")).read_text())
+    original.chmod(0o755)
+    allow = tmp_path / "allow"
+    prolog = HOLD_PROBE_PROLOG.format(original=original, allow=allow)
+    with box.custom_hook("prolog-slurmctld", prolog):
+        job_id = box.submit(["-J", "hold-probe", "--gres=gpu:a100:1", "--wrap", "true"])
+        _poll(lambda: box.scontrol_job(job_id)["Reason"] == "JobHeldAdmin", 30, "held")
+        time.sleep(2)  # not requeued again: still the first restart
+        job = box.scontrol_job(job_id)
+        assert (job["JobState"], job["Restarts"], job["Priority"]) == ("PENDING", "1", "0")
+        assert job["Comment"].strip() == "gpucredit: no credit"
+        squeue = box.run_as("alice", ["/usr/bin/squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%k"])
+        assert squeue.stdout.strip() == "PENDING|JobHeldAdmin|gpucredit: no credit"
+        assert box.run_as("alice", ["/usr/bin/scontrol", "release", str(job_id)]).returncode != 0
+
+        allow.touch()
+        box.scontrol("release", str(job_id))
+        assert box.wait_state(job_id, "COMPLETED", timeout=60) == "COMPLETED"
+    assert [row["State"] for row in box.sacct_rows(job_id)] == ["REQUEUED", "COMPLETED"]
