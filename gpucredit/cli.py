@@ -29,6 +29,7 @@ def _build() -> object:
 
     for command in COMMANDS:
         root.add_command(command)
+    root.add_command(_daemon_command())  # type: ignore[arg-type]
     for loader in (_slurm_commands, _bridge_commands, _portal_commands):
         for command in loader():
             root.add_command(command)
@@ -54,3 +55,31 @@ def _portal_commands() -> list[object]:
 def cli(args: list[str], prog_name: str) -> None:
     root = _build()
     root(args=args, prog_name=prog_name)  # type: ignore[operator]
+
+
+def _daemon_command() -> object:
+    import click
+
+    @click.command("daemon")
+    @click.option("--socket", "socket_path", default=None, help="Default: daemon.socket from the config.")
+    @click.option(
+        "--release-interval",
+        type=float,
+        default=2.0,
+        show_default=True,
+        help="Seconds between checks for credit-held jobs to release (0: never).",
+    )
+    def daemon(socket_path: str | None, release_interval: float) -> None:
+        """Controller-side service for job_submit.lua and the hooks (Unix socket)."""
+        import logging
+
+        from gpucredit.daemon import Daemon
+        from ledger.config import load_config
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        config = load_config()
+        Daemon(config).serve(
+            socket_path or config["daemon"]["socket"], release_interval=release_interval or None
+        )
+
+    return daemon

@@ -71,6 +71,9 @@ UNREACHABLE_REASON = "ledger unreachable; job held by site policy, ask your admi
 
 # Slurm's comment field is free text, but keep ours short and single-line.
 MAX_COMMENT_CHARS = 240
+# The comment of a job held for credit starts with this; the daemon releases such jobs.
+HOLD_COMMENT_PREFIX = "gpucredit: "
+HOLD_ADMIN_COMMENT = "gpucredit-hold"
 
 Runner = Callable[[Sequence[str]], str]
 LogSink = Callable[[str], None]
@@ -182,30 +185,36 @@ def _comment_text(message: str) -> str:
     text = re.sub(r"\s+", " ", message).replace("=", ":").strip()
     if len(text) > MAX_COMMENT_CHARS:
         text = text[: MAX_COMMENT_CHARS - 3] + "..."
-    return f"gpucredit: {text}"
+    return f"{HOLD_COMMENT_PREFIX}{text}"
 
 
 def hold_job_with_reason(
-    job_id: int, message: str, *, bin_dir: str = DEFAULT_BIN_DIR, run: Runner = run_command
+    job_spec: int | str, message: str, *, bin_dir: str = DEFAULT_BIN_DIR, run: Runner = run_command
 ) -> list[str]:
-    """Hold `job_id` and tell its owner why; return the failures (empty: done).
+    """Hold a job that PrologSlurmctld refuses, and tell its owner why.
 
-    The one place that decides *how* a refused job is parked, so the
-    mechanism can change in one spot: for now `scontrol hold` plus the reason
-    in the job's comment (`squeue -O comment`, `scontrol show job`). Both
-    commands are tried even if one fails.
+    Measured on 22.05 (the Slurm box): priority=0 then a non-zero prolog exit leaves
+    the job PENDING with Reason=JobHeldAdmin, which its owner cannot release, so it
+    does not loop through requeues (a bare exit 1 loops; requeuehold is releasable
+    by the user). The reason is the job's comment, shown by `squeue -o %k` and
+    `scontrol show job`; AdminComment, which users cannot edit, marks it for the
+    daemon to release once the account can pay. For an array task `job_spec` must be
+    ARRAYID_TASKID: the array's own id names the whole array.
     """
     scontrol = os.path.join(bin_dir, "scontrol")
-    failures = []
-    for argv in (
-        [scontrol, "hold", str(job_id)],
-        [scontrol, "update", f"jobid={job_id}", f"comment={_comment_text(message)}"],
-    ):
-        try:
-            run(argv)
-        except CommandError as e:
-            failures.append(str(e))
-    return failures
+    argv = [
+        scontrol,
+        "update",
+        f"jobid={job_spec}",
+        "priority=0",
+        f"comment={_comment_text(message)}",
+        f"admincomment={HOLD_ADMIN_COMMENT}",
+    ]
+    try:
+        run(argv)
+    except CommandError as e:
+        return [str(e)]
+    return []
 
 
 def registry_path(spool_dir: str, node: str, cluster: str, job_id: int, run: int) -> str:
@@ -270,8 +279,13 @@ class _Hook:
         text = self.run([self.config.scontrol, "show", "job", "-d", "-o", str(self.job_id)])
         return parse_job(text, job_id=self.job_id, tz=self.tz)
 
+    def job_spec(self) -> str:
+        array_id = self.environ.get("SLURM_ARRAY_JOB_ID")
+        task_id = self.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"{array_id}_{task_id}" if array_id and task_id else str(self.job_id)
+
     def hold_job(self, message: str) -> str:
-        failures = hold_job_with_reason(self.job_id, message, bin_dir=self.config.bin_dir, run=self.run)
+        failures = hold_job_with_reason(self.job_spec(), message, bin_dir=self.config.bin_dir, run=self.run)
         return "job held" if not failures else "could not hold job: " + "; ".join(failures)
 
     # --- PrologSlurmctld -------------------------------------------------

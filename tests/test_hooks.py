@@ -251,12 +251,15 @@ def show(job_id: int) -> tuple[str, ...]:
     return (SCONTROL, "show", "job", "-d", "-o", str(job_id))
 
 
-def hold_argv(job_id: int) -> tuple[str, ...]:
-    return (SCONTROL, "hold", str(job_id))
-
-
-def comment_argv(job_id: int, text: str) -> tuple[str, ...]:
-    return (SCONTROL, "update", f"jobid={job_id}", f"comment=gpucredit: {text}")
+def hold_argv(job_id: int | str, text: str) -> tuple[str, ...]:
+    return (
+        SCONTROL,
+        "update",
+        f"jobid={job_id}",
+        "priority=0",
+        f"comment=gpucredit: {text}",
+        "admincomment=gpucredit-hold",
+    )
 
 
 def job_line(
@@ -409,11 +412,11 @@ def test_prolog_slurmctld_refusal_holds_the_job_with_the_reason(
 ) -> None:
     message = "needs 1.40 credits, 0.20 available in physics; top up at https://portal/physics"
     daemon = fake_daemon(lambda _: refused("insufficient_credits", message))
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, message): ""})
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, message): ""})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 1
     assert len(daemon.requests) == 1
-    assert slurm.calls == [list(show(5)), list(hold_argv(5)), list(comment_argv(5, message))]
+    assert slurm.calls == [list(show(5)), list(hold_argv(5, message))]
     assert lines == [
         f"gpucredit[prolog-slurmctld] job=5 run=0: refused (insufficient_credits): {message}; job held"
     ]
@@ -424,19 +427,19 @@ def test_prolog_slurmctld_refusal_for_a_limit(
 ) -> None:
     message = "concurrent GPUs for alice: 5 > 4"
     fake_daemon(lambda _: refused("concurrent_gpus", message, current=5, cap=4))
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, message): ""})
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, message): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 1
-    assert slurm.calls[1:] == [list(hold_argv(5)), list(comment_argv(5, message))]
+    assert slurm.calls[1:] == [list(hold_argv(5, message))]
 
 
 def test_prolog_slurmctld_unreachable_under_policy_reject(
     config: Callable[..., str],
 ) -> None:
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, UNREACHABLE_REASON): ""})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
-    assert slurm.calls == [list(show(5)), list(hold_argv(5)), list(comment_argv(5, UNREACHABLE_REASON))]
+    assert slurm.calls == [list(show(5)), list(hold_argv(5, UNREACHABLE_REASON))]
     assert "ledger unreachable" in lines[0] and "site policy is reject; job held" in lines[0]
 
 
@@ -463,10 +466,10 @@ def test_prolog_slurmctld_garbled_or_unavailable_follows_policy(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], reply: Any
 ) -> None:
     fake_daemon(lambda _: reply)
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, UNREACHABLE_REASON): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
-    assert slurm.calls[1] == list(hold_argv(5))
+    assert slurm.calls[1] == list(hold_argv(5, UNREACHABLE_REASON))
 
 
 def test_prolog_slurmctld_without_gpus_does_not_call_the_daemon(
@@ -503,10 +506,10 @@ def test_prolog_slurmctld_scontrol_failure_follows_policy(config: Callable[..., 
     assert rc == 0
     assert "scontrol failed" in lines[0]
 
-    slurm = FakeSlurm({show(5): failure, hold_argv(5): "", comment_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({show(5): failure, hold_argv(5, UNREACHABLE_REASON): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
-    assert slurm.calls[1] == list(hold_argv(5))
+    assert slurm.calls[1] == list(hold_argv(5, UNREACHABLE_REASON))
 
 
 def test_prolog_slurmctld_ambiguous_scontrol_holds_even_under_accept(
@@ -522,7 +525,7 @@ def test_prolog_slurmctld_ambiguous_scontrol_holds_even_under_accept(
         calls.append(argv)
         if tuple(argv) == show(5):
             return sneaky
-        if tuple(argv) == hold_argv(5) or argv[:3] == [SCONTROL, "update", "jobid=5"]:
+        if argv[:3] == [SCONTROL, "update", "jobid=5"]:
             return ""
         raise AssertionError(f"unexpected command {argv}")
 
@@ -532,8 +535,8 @@ def test_prolog_slurmctld_ambiguous_scontrol_holds_even_under_accept(
     )
     assert rc == 1
     assert daemon.requests == []
-    assert calls[1] == list(hold_argv(5))
-    comment = calls[2][3]
+    assert calls[1][:4] == [SCONTROL, "update", "jobid=5", "priority=0"]
+    comment = calls[1][4]
     assert comment.startswith("comment=gpucredit: cannot read this job's GPU request")
     assert "=" not in comment[len("comment=") :]
     assert "unreadable" in lines[0]
@@ -546,13 +549,14 @@ def test_prolog_slurmctld_hold_command_failure_is_logged(
     slurm = FakeSlurm(
         {
             show(5): job_line(),
-            hold_argv(5): CommandError(list(hold_argv(5)), 1, "Job is no longer pending"),
-            comment_argv(5, "no credit"): "",
+            hold_argv(5, "no credit"): CommandError(
+                list(hold_argv(5, "no credit")), 1, "Job is no longer pending"
+            ),
         }
     )
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 1
-    assert len(slurm.calls) == 3  # the comment is still written
+    assert len(slurm.calls) == 2
     assert "could not hold job" in lines[0] and "no longer pending" in lines[0]
 
 
@@ -810,22 +814,20 @@ def test_unreadable_config_is_reported_in_the_log(tmp_path: Path) -> None:
 
 
 def test_hold_job_with_reason_argv_and_comment_cleanup() -> None:
-    slurm = FakeSlurm(
-        {
-            ("/opt/slurm/bin/scontrol", "hold", "7"): "",
-            (
-                "/opt/slurm/bin/scontrol",
-                "update",
-                "jobid=7",
-                "comment=gpucredit: daily cap: spent:30.4 cap:30 (see portal)",
-            ): "",
-        }
+    argv = (
+        "/opt/slurm/bin/scontrol",
+        "update",
+        "jobid=7_3",
+        "priority=0",
+        "comment=gpucredit: daily cap: spent:30.4 cap:30 (see portal)",
+        "admincomment=gpucredit-hold",
     )
+    slurm = FakeSlurm({argv: ""})
     failures = hold_job_with_reason(
-        7, "daily cap:\n  spent=30.4 cap=30\t(see portal)", bin_dir="/opt/slurm/bin", run=slurm
+        "7_3", "daily cap:\n  spent=30.4 cap=30\t(see portal)", bin_dir="/opt/slurm/bin", run=slurm
     )
     assert failures == []
-    assert len(slurm.calls) == 2
+    assert slurm.calls == [list(argv)]
 
 
 def test_hold_job_with_reason_truncates_long_messages() -> None:
@@ -836,7 +838,7 @@ def test_hold_job_with_reason_truncates_long_messages() -> None:
         return ""
 
     hold_job_with_reason(1, "x" * 1000, run=record)
-    comment = seen[1][3]
+    comment = seen[0][4]
     assert comment.startswith("comment=gpucredit: xxx") and comment.endswith("...")
     assert len(comment) < 300
 

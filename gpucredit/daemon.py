@@ -1,0 +1,223 @@
+"""`gpucredit daemon`: the resident controller-side service behind job_submit.lua and the hooks.
+
+Hooks must start fast, and importing SQLAlchemy and psycopg alone costs 0.5-1 s, so
+hook processes are stdlib clients and this process owns the database. Wire format:
+one JSON object per line each way; a reply is {"ok": true, "result": ...} or
+{"ok": false, "error": {"code", "message", "details"}}. Code `unavailable` means the
+ledger itself is down, and the hooks then follow policy.on_ledger_unreachable.
+Every request is idempotent (holds by run, settles exactly once), so a client may
+retry after a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
+from job_submit import answer
+from ledger.db import make_engine, make_sessionmaker
+from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
+from slurm_hooks import service
+
+log = logging.getLogger("gpucredit.daemon")
+MAX_REQUEST_BYTES = 64 * 1024
+PARTITION_CACHE_SECONDS = 60.0
+FULL_SCAN_SECONDS = 60.0
+
+
+class Daemon:
+    def __init__(self, config: dict[str, Any], runner: Callable[..., str] | None = None) -> None:
+        self.config = config
+        self.engine = (
+            make_engine(config["database"]["url"], pool_size=8, max_overflow=8)
+            if not config["database"]["url"].startswith("sqlite")
+            else make_engine(config["database"]["url"])
+        )
+        self.sessions = make_sessionmaker(self.engine)
+        self.run = runner or SubprocessRunner(config["slurm"]["bin_dir"], timeout_seconds=10.0)
+        self.grace_seconds = int(config["holds"]["grace_seconds"])
+        portal = config.get("portal", {})
+        self.top_up_hint = str(
+            config.get("daemon", {}).get(
+                "top_up_hint",
+                f"Top up in the portal (http://{portal.get('host')}:{portal.get('port')}/) or ask your PI.",
+            )
+        )
+        self._partition_types: tuple[float, dict[str, list[str]]] = (0.0, {})
+        self._lock = threading.Lock()
+        self.credit_held: set[int] = set()
+        self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "ping": lambda request: {"pong": True},
+            "submit": self._submit,
+            "hold": self._hold,
+            "settle": self._in_tx(service.settle),
+            "job_started": lambda request: {"recorded": True},
+            "job_ended": lambda request: {"recorded": True},
+        }
+
+    def _in_tx(self, func: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        def handler(request: dict[str, Any]) -> Any:
+            with self.sessions() as s, s.begin():
+                return func(s, request)
+
+        return handler
+
+    def _hold(self, request: dict[str, Any]) -> Any:
+        try:
+            with self.sessions() as s, s.begin():
+                return service.hold(s, request, grace_seconds=self.grace_seconds)
+        except (InsufficientCredits, LimitExceeded):
+            # The prolog will hold this job; release it as soon as its account can pay.
+            with self._lock:
+                self.credit_held.add(int(request["job_id"]))
+            raise
+
+    def _submit(self, request: dict[str, Any]) -> Any:
+        with self.sessions() as s, s.begin():
+            return answer.submit(
+                s, request, top_up_hint=self.top_up_hint, partition_types=self.partition_types
+            )
+
+    def partition_types(self, partition: str | None) -> list[str]:
+        """GPU types each partition offers, from sinfo, cached for a minute."""
+        fetched, table = self._partition_types
+        if time.monotonic() - fetched > PARTITION_CACHE_SECONDS:
+            table = {}
+            try:
+                for line in self.run(["sinfo", "-h", "-o", "%R|%G"]).splitlines():
+                    name, _sep, gres = line.partition("|")
+                    types = table.setdefault(name.strip(), [])
+                    for item in gres.split(","):
+                        parts = item.split("(")[0].split(":")
+                        if len(parts) >= 3 and parts[0] == "gpu" and parts[1] not in types:
+                            types.append(parts[1])
+                table["*"] = sorted({t for ts in table.values() for t in ts})
+            except SlurmCommandError as error:
+                log.warning("sinfo failed (%s); untyped GPUs priced over every known type", error)
+            self._partition_types = (time.monotonic(), table)
+        return table.get(partition or "", table.get("*", []))
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            return _error("bad_request", "a request is a JSON object with an 'op'")
+        handler = self.handlers.get(request["op"])
+        if handler is None:
+            return _error("unknown_op", f"unknown op {request['op']!r}")
+        try:
+            return {"ok": True, "result": handler(request)}
+        except LedgerError as error:
+            return {"ok": False, "error": error.as_dict()}
+        except (OperationalError, DBAPIError) as error:
+            log.error("ledger database unavailable: %s", error.orig if error.orig else error)
+            return _error("unavailable", "the ledger database is unavailable")
+        except (KeyError, TypeError, ValueError) as error:
+            return _error("bad_request", f"malformed {request['op']} request: {error!r}")
+
+    def release_loop(self, stop: threading.Event, interval: float) -> None:
+        """Release credit-held jobs whose account can now pay: the jobs this daemon
+        refused are checked every `interval`; a full scan (jobs held while the daemon
+        was down) runs at start and every FULL_SCAN_SECONDS."""
+        last_scan = -FULL_SCAN_SECONDS
+        while not stop.is_set():
+            if time.monotonic() - last_scan >= FULL_SCAN_SECONDS:
+                try:
+                    found = service.credit_held_jobs(self.run)
+                    with self._lock:
+                        self.credit_held |= found
+                    last_scan = time.monotonic()
+                except SlurmCommandError as error:
+                    log.warning("scanning for credit-held jobs failed: %s", error)
+            self.release_affordable()
+            stop.wait(interval)
+
+    def release_affordable(self) -> list[int]:
+        with self._lock:
+            pending = sorted(self.credit_held)
+        released = []
+        for job_id in pending:
+            try:
+                outcome = service.release_if_affordable(self.sessions, self.run, job_id)
+            except (SlurmCommandError, OperationalError) as error:
+                log.warning("job %s: release check failed: %s", job_id, error)
+                continue
+            if outcome != "waiting":
+                with self._lock:
+                    self.credit_held.discard(job_id)
+            if outcome == "released":
+                released.append(job_id)
+        return released
+
+    def serve(
+        self,
+        socket_path: str,
+        *,
+        release_interval: float | None = 2.0,
+        ready: threading.Event | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        path = Path(socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        daemon = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            timeout = 30
+
+            def handle(self) -> None:
+                while True:
+                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                    if not line:
+                        return
+                    if len(line) > MAX_REQUEST_BYTES:
+                        reply = _error("bad_request", "request too large")
+                    else:
+                        try:
+                            reply = daemon.handle(json.loads(line))
+                        except json.JSONDecodeError:
+                            reply = _error("bad_request", "request is not JSON")
+                    self.wfile.write(json.dumps(reply, ensure_ascii=True).encode() + b"\n")
+                    self.wfile.flush()
+
+        class Server(socketserver.ThreadingUnixStreamServer):
+            daemon_threads = True
+            request_queue_size = 128
+
+        stop = stop or threading.Event()
+        old_umask = os.umask(0o177)  # the socket is born 0600: root / SlurmUser only
+        try:
+            server = Server(str(path), Handler)
+        finally:
+            os.umask(old_umask)
+        owner = self.config["daemon"].get("socket_user")
+        if owner:
+            import pwd
+
+            entry = pwd.getpwnam(owner)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        if release_interval:
+            threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
+        threading.Thread(target=lambda: (stop.wait(), server.shutdown()), daemon=True).start()
+        log.info("gpucredit daemon listening on %s", path)
+        if ready is not None:
+            ready.set()
+        try:
+            server.serve_forever(poll_interval=0.2)
+        finally:
+            server.server_close()
+            path.unlink(missing_ok=True)
+            self.engine.dispose()
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": code, "message": message, "details": {}}}

@@ -1,0 +1,115 @@
+"""The daemon's side of the hooks: hold at PrologSlurmctld, settle at EpilogSlurmctld,
+and release jobs that were held for lack of credit once their account can pay.
+
+Runs inside `gpucredit daemon` (which owns the database), never in a hook process.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ledger import api
+from ledger.errors import InvalidInput, NotFound
+from ledger.timeutil import parse_time, utcnow
+from slurm_hooks.hooks import HOLD_ADMIN_COMMENT
+from slurm_hooks.scontrol import ScontrolParseError, parse_job
+
+log = logging.getLogger("gpucredit.daemon")
+
+Runner = Callable[[list[str]], str]
+
+
+def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[str, Any]:
+    """Reserve credit for one run, idempotently on (cluster, job_id, run)."""
+    seconds = request.get("seconds")
+    if seconds is None:
+        raise InvalidInput(
+            "this job has no time limit, so its cost cannot be bounded; resubmit with -t [D-]HH:MM:SS",
+            code="invalid_duration",
+        )
+    gpus = {str(k): int(v) for k, v in dict(request.get("gpus") or {}).items()}
+    created = api.create_hold(
+        s,
+        str(request["account"]),
+        user=str(request["user"]),
+        job_id=int(request["job_id"]),
+        gpus=gpus,
+        seconds=int(seconds),
+        cluster=str(request["cluster"]),
+        run=int(request.get("run", 0)),
+        partition=request.get("partition"),
+        at=_time(request.get("at")) or utcnow(),
+        grace_seconds=grace_seconds,
+    )
+    return created.as_dict()
+
+
+def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
+    """Charge a run for Slurm's own start..end; the rest of its hold returns.
+
+    EpilogSlurmctld of a requeued run already sees SLURM_JOB_RESTART_COUNT
+    incremented (measured on 22.05), so the job's active hold is settled whatever
+    run the epilog names; a repeat for an already settled run replays its result.
+    """
+    cluster, job_id, run = str(request["cluster"]), int(request["job_id"]), int(request.get("run", 0))
+    found = api.find_active_hold(s, cluster, job_id) or api.find_hold(s, cluster, job_id, run)
+    if found is None:
+        raise NotFound(f"no hold for job {cluster}/{job_id} run {run}", details={"job_id": job_id})
+    start = _time(request.get("start")) or found.started_at
+    end = _time(request.get("end")) or utcnow()
+    elapsed = max(0, int((end - start).total_seconds()))
+    return api.settle_hold(s, found.id, elapsed, end).as_dict()
+
+
+def _time(value: Any) -> datetime | None:
+    return None if value in (None, "") else parse_time(str(value))
+
+
+def credit_held_jobs(run: Runner) -> set[int]:
+    """Pending jobs that the prolog held for credit (marked in AdminComment, which
+    users cannot edit). A full `scontrol show job` scan: the daemon runs it rarely and
+    tracks the jobs it refuses itself in between."""
+    held = set()
+    for line in run(["scontrol", "-o", "show", "job"]).splitlines():
+        if f"AdminComment={HOLD_ADMIN_COMMENT}" in line and "JobState=PENDING" in line:
+            match = re.match(r"JobId=(\d+)", line)
+            if match:
+                held.add(int(match.group(1)))
+    return held
+
+
+def release_if_affordable(session_factory: Callable[[], Any], run: Runner, job_id: int) -> str:
+    """Release one credit-held job if its account can pay now.
+
+    Returns 'released', 'waiting' (still held), or 'gone' (no longer held by us).
+    The runner's errors propagate: the caller decides how to retry.
+    """
+    try:
+        job = parse_job(run(["scontrol", "show", "job", "-d", "-o", str(job_id)]), job_id)
+    except ScontrolParseError as error:
+        log.warning("job %s: cannot read it (%s)", job_id, error)
+        return "gone"
+    if job.state != "PENDING" or job.fields.get("AdminComment") != HOLD_ADMIN_COMMENT:
+        return "gone"
+    if not job.gpus or job.account is None or job.time_limit_seconds is None:
+        return "waiting"
+    try:
+        with session_factory() as s, s.begin():
+            quote = api.quote(s, job.account, job.gpus, job.time_limit_seconds, partition=job.partition)
+    except (NotFound, InvalidInput) as error:
+        log.warning("job %s: %s; left held", job_id, error)
+        return "waiting"
+    if not quote["affordable"]:
+        return "waiting"
+    array_id, task_id = job.fields.get("ArrayJobId"), job.fields.get("ArrayTaskId")
+    spec = f"{array_id}_{task_id}" if array_id and task_id else str(job_id)
+    run(["scontrol", "update", f"jobid={spec}", "comment=", "admincomment="])
+    run(["scontrol", "release", spec])
+    log.info("job %s: account %s can pay %s now; released", spec, job.account, quote["cost"])
+    return "released"
