@@ -271,3 +271,62 @@ class IdempotencyKey(Base):
 
 SYSTEM_ACCOUNTS = ("system:payments", "system:promotions", "system:revenue", "system:expired")
 APPEND_ONLY_TABLES = ("entries", "postings")
+
+
+class JobRun(Base):
+    """Slurm's own record of one job run (from sacct), and what reconciliation made of it.
+
+    A projection the bridge maintains (money moves only through journal entries);
+    `charged_ucredits` is the run's total charge once reconciled.
+    """
+
+    __tablename__ = "job_runs"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "run"), Index(None, "account", "end_at"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[int] = mapped_column(Integer)
+    display_id: Mapped[str] = mapped_column(String(64))
+    account: Mapped[Name]
+    user: Mapped[Name]
+    partition: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    state: Mapped[str] = mapped_column(String(32))
+    start_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    end_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    elapsed_seconds: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[str] = mapped_column(String(256))
+    nodes: Mapped[str] = mapped_column(Text, default="")
+    hold_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    flags: Mapped[str] = mapped_column(String(128), default="")
+    charged_ucredits: Mapped[Ucredits] = mapped_column(default=0)
+    ingested_at: Mapped[Timestamp]
+
+
+class Cursor(Base):
+    """Where an incremental reader (e.g. `bridge sacct`) stopped; restart-safe."""
+
+    __tablename__ = "cursors"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[Timestamp]
+
+
+class GpuUsage(Base):
+    """How a job run really used its GPUs (NVML), per node and GPU type: metrics, not charges."""
+
+    __tablename__ = "gpu_usage"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "run", "node", "gres"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(128))
+    gres: Mapped[str] = mapped_column(String(64))
+    allocated_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+    busy_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+    energy_joules: Mapped[int] = mapped_column(BigInteger)
+    peak_memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[Timestamp]

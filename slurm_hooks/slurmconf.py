@@ -134,6 +134,30 @@ def _write_atomically(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
+# job_submit.lua runs inside slurmctld under its locks: never wait on the daemon longer than this.
+MAX_JOB_SUBMIT_TIMEOUT_SECONDS = 1.0
+
+
+def _lua_string(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def render_job_submit(source: str, config_path: str) -> str:
+    """Bake the daemon's socket, the unreachable-ledger policy and a timeout into the script
+    (slurmctld gives job_submit.lua no way to read a config file cheaply)."""
+    from ledger.config import load_config
+
+    path = Path(config_path)
+    config = load_config(path if path.is_file() else Path("/dev/null"))
+    timeout = min(float(config["daemon"]["timeout_seconds"]), MAX_JOB_SUBMIT_TIMEOUT_SECONDS)
+    values = {"@SOCKET@": str(config["daemon"]["socket"]),
+              "@POLICY@": str(config["policy"]["on_ledger_unreachable"]),
+              "@TIMEOUT@": f"{timeout:g}"}
+    for placeholder, value in values.items():
+        source = source.replace(f'"{placeholder}"', f'"{_lua_string(value)}"')
+    return source
+
+
 def install(
     etc_dir: str,
     hook_dir: str,
@@ -162,6 +186,6 @@ def install(
         _write_atomically(path, text.encode(), 0o755)
         written.append(str(path))
     lua_target = etc / "job_submit.lua"
-    _write_atomically(lua_target, lua_source.read_bytes(), 0o644)
+    _write_atomically(lua_target, render_job_submit(lua_source.read_text(), config_path).encode(), 0o644)
     written.append(str(lua_target))
     return written
