@@ -11,14 +11,15 @@ A run is `(cluster, job_id, run)`; a repeat of the same request returns the hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from ledger.accounts import check_name, limits_for, lock_account
+from ledger.accounts import check_name, limits_for, limits_t, lock_account
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LimitExceeded, NotFound
 from ledger.grants import (
     GrantState,
@@ -29,7 +30,17 @@ from ledger.grants import (
     take_free,
 )
 from ledger.idempotency import request_hash
-from ledger.journal import REVENUE, Leg, LockedAccount, accounts_t, entries_t, post, postings_t
+from ledger.journal import (
+    REVENUE,
+    EntryDraft,
+    Leg,
+    LockedAccount,
+    accounts_t,
+    entries_t,
+    post,
+    post_many,
+    postings_t,
+)
 from ledger.models import Hold, HoldAllocation
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.prices import format_gpus, parse_gpus, rate_for
@@ -39,6 +50,8 @@ holds_t = Hold.__table__
 allocations_t = HoldAllocation.__table__
 DEFAULT_GRACE_SECONDS = 600
 MAX_JOB_ID = 2**53
+# One account's charges per hold_usage_many call: bounds the transaction and its memory.
+MAX_USAGES_PER_CALL = 100_000
 
 
 @dataclass
@@ -248,7 +261,52 @@ def check_limits(
                 )
 
 
+@dataclass(frozen=True)
+class CapOverrun:
+    """A daily cap that today's charges already exceed (scope 'user' or 'account')."""
+
+    scope: str
+    user: str | None
+    spent_ucredits: int
+    cap_ucredits: int
+
+
+def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: datetime) -> list[CapOverrun]:
+    """The account's daily cap and those of `users` that charges on `at`'s day exceed.
+
+    Reserve checks spent + held + new <= cap, and a provisional charge only moves credit
+    from held to spent, so in full mode a cap is crossed only by a run past its hold or
+    by a charge the bridge adds; in lease mode this is what refuses a renewal. One query
+    finds the caps; today's spend is summed only for scopes that have one.
+    """
+    wanted = set(users)
+    overruns: list[CapOverrun] = []
+    caps = s.execute(
+        select(limits_t.c.user, limits_t.c.daily_cap_ucredits).where(
+            limits_t.c.account_id == account_id, limits_t.c.daily_cap_ucredits.is_not(None)
+        )
+    ).all()
+    for user, cap in sorted(caps, key=lambda row: (row.user is not None, row.user or "")):
+        if user is not None and user not in wanted:
+            continue
+        spent = spent_on_day(s, account_id, user, at)
+        if spent > cap:
+            overruns.append(CapOverrun("user" if user else "account", user, spent, cap))
+    return overruns
+
+
 # -- create -----------------------------------------------------------------------------------
+
+
+def _check_job(job_id: int, run: int) -> None:
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id < MAX_JOB_ID:
+        raise InvalidInput(
+            f"job id {job_id!r} must be a positive whole number",
+            code="invalid_job",
+            details={"job_id": job_id},
+        )
+    if not isinstance(run, int) or isinstance(run, bool) or run < 0:
+        raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
 
 
 def create_hold(
@@ -264,18 +322,18 @@ def create_hold(
     partition: str | None = None,
     at: datetime | None = None,
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
+    started_at: datetime | None = None,
 ) -> HoldState:
+    """Reserve credit for one run at effective time `at` (grants active then).
+
+    `started_at` is when the run began by the scheduler's clock (default `at`); charges
+    count seconds from it. Slurm's StartTime is whole seconds, so it can precede a
+    top-up made a moment before submission: the credit check uses `at`, not it.
+    """
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
     seconds = parse_seconds(seconds, field="seconds")
-    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id < MAX_JOB_ID:
-        raise InvalidInput(
-            f"job id {job_id!r} must be a positive whole number",
-            code="invalid_job",
-            details={"job_id": job_id},
-        )
-    if not isinstance(run, int) or run < 0:
-        raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
+    _check_job(job_id, run)
     at = at or utcnow()
     account = lock_account(s, account_name)
     body = {
@@ -317,7 +375,8 @@ def create_hold(
     legs: list[Leg] = []
     if take_free(grants, account, amount, at, "held", legs):
         raise RuntimeError("available credit was computed but could not be earmarked")
-    expires_at = at + timedelta(seconds=seconds + grace_seconds)
+    started_at = started_at or at
+    expires_at = started_at + timedelta(seconds=seconds + grace_seconds)
     hold_id = s.execute(
         insert(holds_t)
         .values(
@@ -337,7 +396,7 @@ def create_hold(
             charged_seconds=0,
             debt_ucredits=0,
             state="active",
-            started_at=at,
+            started_at=started_at,
             expires_at=expires_at,
             resolved_at=None,
             request_hash=digest,
@@ -584,6 +643,177 @@ def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str, at: datetim
     )
 
 
+def hold_usage_many(
+    s: Session, account_name: str, usages: Sequence[tuple[int, int, datetime | None]]
+) -> list[HoldState]:
+    """Provisional charges for many holds of one account under one lock: the meter's tick.
+
+    `usages` is (hold id, cumulative elapsed seconds, effective time or None). Each hold
+    ends exactly where `hold_usage` would leave it (its charge is the cost of its
+    cumulative seconds, rounded once), but the account is locked once and the rows are
+    written in a handful of batched statements. A hold that is no longer active (the
+    epilog settled it since the caller looked) or is already charged that far is skipped,
+    not refused: the meter races the hooks by design. Returns the holds charged.
+    """
+    if len(usages) > MAX_USAGES_PER_CALL:
+        raise InvalidInput(
+            f"{len(usages)} charges in one call; at most {MAX_USAGES_PER_CALL}",
+            code="too_many",
+            details={"count": len(usages), "cap": MAX_USAGES_PER_CALL},
+        )
+    wanted: dict[int, tuple[int, datetime | None]] = {}
+    for hold_id, elapsed_seconds, at in usages:
+        if hold_id in wanted:
+            raise InvalidInput(
+                f"hold {hold_id} is listed twice", code="invalid_hold", details={"hold_id": hold_id}
+            )
+        wanted[hold_id] = (parse_seconds(elapsed_seconds, field="elapsed"), at)
+    account = lock_account(s, account_name)
+    active = {
+        hold.id: hold
+        for hold in (
+            _to_state(row)
+            for row in s.execute(
+                _hold_query().where(holds_t.c.account_id == account.id, holds_t.c.state == "active")
+            )
+        )
+        if hold.id in wanted
+    }
+    missing = set(wanted) - set(active)
+    if missing:
+        owners = dict(
+            s.execute(select(holds_t.c.id, holds_t.c.account_id).where(holds_t.c.id.in_(missing))).all()
+        )
+        foreign = sorted(h for h in missing if owners.get(h) != account.id)
+        if foreign:
+            raise NotFound(
+                f"hold {foreign[0]} is not a hold of account {account_name}",
+                details={"hold_ids": foreign[:20], "account": account_name},
+            )
+    due = sorted((h for h in active.values() if wanted[h.id][0] > h.charged_seconds), key=lambda h: h.id)
+    if not due:
+        return []
+    allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for hold in due}
+    for row in s.execute(
+        select(allocations_t)
+        .join(holds_t, holds_t.c.id == allocations_t.c.hold_id)
+        .where(holds_t.c.account_id == account.id, holds_t.c.state == "active")
+    ):
+        if row.hold_id in allocations:
+            allocations[row.hold_id][row.grant_id] = Allocation(
+                row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
+            )
+    grants = load_grants(s, account.id)
+    drafts: list[EntryDraft] = []
+    charged: list[HoldState] = []
+    lowered: list[tuple[HoldState, int, datetime]] = []
+    for hold in due:
+        elapsed, at = wanted[hold.id]
+        effective_at = at or hold.started_at + timedelta(seconds=elapsed)
+        target = charge_for(hold.rate_ucredits_per_hour, elapsed)
+        delta = target - hold.charged_ucredits
+        if delta < 0:  # an adjustment charged more than the seconds cost: refund as hold_usage does
+            lowered.append((hold, elapsed, effective_at))
+            continue
+        legs: list[Leg] = []
+        if delta > 0:
+            _draw(account, hold, grants, allocations[hold.id], delta, effective_at, legs)
+        drafts.append(
+            EntryDraft(
+                "usage",
+                effective_at,
+                legs,
+                user=hold.user,
+                hold_id=hold.id,
+                memo={
+                    "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
+                    "charge": delta,
+                    "seconds": elapsed,
+                    "delta_seconds": elapsed - hold.charged_seconds,
+                },
+            )
+        )
+        charged.append(replace(hold, charged_ucredits=target, charged_seconds=elapsed))
+    post_many(s, account, drafts)
+    save_grants(s, grants)
+    _save_allocations_many(s, allocations)
+    if charged:
+        _save_charges(s, charged)
+    for hold, elapsed, effective_at in lowered:
+        charged.append(
+            _apply(
+                s,
+                account,
+                hold,
+                kind="usage",
+                at=effective_at,
+                target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+                seconds=elapsed,
+                new_state=None,
+            )
+        )
+    return charged
+
+
+def _save_charges(s: Session, holds: list[HoldState]) -> None:
+    s.execute(
+        update(holds_t)
+        .where(holds_t.c.id == bindparam("b_id"))
+        .values(
+            charged_ucredits=bindparam("b_charged"),
+            charged_seconds=bindparam("b_seconds"),
+            debt_ucredits=bindparam("b_debt"),
+        ),
+        [
+            {
+                "b_id": h.id,
+                "b_charged": h.charged_ucredits,
+                "b_seconds": h.charged_seconds,
+                "b_debt": h.debt_ucredits,
+            }
+            for h in holds
+        ],
+    )
+
+
+def _save_allocations_many(s: Session, allocations: dict[int, dict[int, Allocation]]) -> None:
+    """`_save_allocations` for many holds: one INSERT and one executemany UPDATE."""
+    new = [
+        {
+            "hold_id": hold_id,
+            "grant_id": a.grant_id,
+            "earmarked_ucredits": a.earmarked_ucredits,
+            "drawn_ucredits": a.drawn_ucredits,
+        }
+        for hold_id, by_grant in allocations.items()
+        for a in by_grant.values()
+        if a.is_new
+    ]
+    if new:
+        s.execute(insert(allocations_t), new)
+    changed = [
+        {
+            "b_hold": hold_id,
+            "b_grant": a.grant_id,
+            "b_earmarked": a.earmarked_ucredits,
+            "b_drawn": a.drawn_ucredits,
+        }
+        for hold_id, by_grant in allocations.items()
+        for a in by_grant.values()
+        if a.dirty and not a.is_new
+    ]
+    if changed:
+        s.execute(
+            update(allocations_t)
+            .where(
+                allocations_t.c.hold_id == bindparam("b_hold"),
+                allocations_t.c.grant_id == bindparam("b_grant"),
+            )
+            .values(earmarked_ucredits=bindparam("b_earmarked"), drawn_ucredits=bindparam("b_drawn")),
+            changed,
+        )
+
+
 def settle_hold(
     s: Session, hold_id: int, elapsed_seconds: int | str, at: datetime | None = None
 ) -> HoldState:
@@ -608,6 +838,98 @@ def settle_hold(
         target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
         seconds=elapsed,
         new_state="settled",
+    )
+
+
+def record_unreserved_run(
+    s: Session,
+    account_name: str,
+    *,
+    user: str,
+    cluster: str,
+    job_id: int,
+    run: int,
+    gpus: str | dict[str, int],
+    started_at: datetime,
+    elapsed_seconds: int | str,
+    partition: str | None = None,
+) -> HoldState:
+    """Charge a run that no hook reserved (a hook outage), once.
+
+    The GPU time was really used, so there are no limits and no credit check: it is
+    charged at the prices in force at its start and may leave debt. It is recorded as
+    a hold created already settled (one 'settle' entry, effective at the run's end),
+    so a later correction goes through `adjust_hold` like any other run's.
+    Idempotent on (cluster, job_id, run): a repeat returns the hold; a repeat with
+    other fields, or a run the hooks already hold, is an `idempotency_conflict`.
+    """
+    check_name(user, "user")
+    gpu_map = parse_gpus(gpus)
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    _check_job(job_id, run)
+    if started_at.tzinfo is None:
+        raise InvalidInput("the run's start must carry a time zone", code="invalid_time")
+    account = lock_account(s, account_name)
+    body = {
+        "account": account_name,
+        "user": user,
+        "gpus": format_gpus(gpu_map),
+        "started_at": format_time(started_at),
+        "elapsed": elapsed,
+        "partition": partition,
+    }
+    digest = request_hash("unreserved", body)
+    existing = find_hold(s, cluster, job_id, run)
+    if existing is not None:
+        if (
+            s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
+            != digest
+        ):
+            raise Conflict(
+                f"job {cluster}/{job_id} run {run} already has a hold for a different request",
+                code="idempotency_conflict",
+                details={"hold_id": existing.id},
+            )
+        return existing
+    rate, unit_prices = rate_for(s, gpu_map, partition, started_at)
+    amount = charge_for(rate, elapsed)
+    ended_at = started_at + timedelta(seconds=elapsed)
+    hold_id = s.execute(
+        insert(holds_t)
+        .values(
+            account_id=account.id,
+            user=user,
+            cluster=cluster,
+            job_id=job_id,
+            run=run,
+            partition=partition,
+            gpus=format_gpus(gpu_map),
+            gpu_count=sum(gpu_map.values()),
+            unit_prices=format_gpus(unit_prices),
+            rate_ucredits_per_hour=rate,
+            limit_seconds=elapsed,
+            amount_ucredits=amount,
+            charged_ucredits=0,
+            charged_seconds=0,
+            debt_ucredits=0,
+            state="active",  # for the moment it takes `_apply` below to settle it
+            started_at=started_at,
+            expires_at=ended_at,
+            resolved_at=None,
+            request_hash=digest,
+        )
+        .returning(holds_t.c.id)
+    ).scalar_one()
+    return _apply(
+        s,
+        account,
+        get_hold(s, hold_id),
+        kind="settle",
+        at=ended_at,
+        target_ucredits=amount,
+        seconds=elapsed,
+        new_state="settled",
+        memo={"unreserved": True},
     )
 
 

@@ -119,6 +119,8 @@ class HookConfig:
     cluster: str | None = None
     bin_dir: str = DEFAULT_BIN_DIR
     spool_dir: str = DEFAULT_SPOOL_DIR
+    # Slurm discards what hooks print; one line per hook run goes here too.
+    log_file: str | None = None
 
     @property
     def scontrol(self) -> str:
@@ -174,6 +176,7 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
             cluster=cluster,
             bin_dir=pick(slurm, "bin_dir", defaults.bin_dir, is_path),
             spool_dir=pick(agent, "spool_dir", defaults.spool_dir, is_path),
+            log_file=pick(_table(data, "hooks"), "log_file", None, is_path),
         ),
         problems,
     )
@@ -239,6 +242,21 @@ def _int_env(environ: Mapping[str, str], key: str) -> int | None:
 
 def _gpu_text(gpus: Mapping[str, int]) -> str:
     return ",".join(f"{n}x{t}" for t, n in sorted(gpus.items()))
+
+
+def _file_sink(path: str | None) -> LogSink:
+    if path is None:
+        return _stderr_and_syslog
+
+    def sink(line: str) -> None:
+        _stderr_and_syslog(line)
+        try:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%S}Z {line}\n")
+        except OSError:
+            pass
+
+    return sink
 
 
 def _stderr_and_syslog(line: str) -> None:
@@ -312,6 +330,7 @@ class _Hook:
             "partition": self.environ.get("SLURM_JOB_PARTITION") or job.partition,
             "gpus": dict(sorted(job.gpus.items())),
             "seconds": job.time_limit_seconds,
+            "start": _iso(job.start_time) if job.start_time is not None else None,
             "nodes": job.num_nodes or _int_env(self.environ, "SLURM_JOB_NUM_NODES") or 1,
         }
         try:
@@ -357,7 +376,9 @@ class _Hook:
         if end is None or end > now:
             end = now
         if start is not None and start > end:
-            start = end
+            # After `scontrol requeue` StartTime already names the next run: let the
+            # daemon use the start it recorded with the hold.
+            start = None
         request = {
             "cluster": self.cluster,
             "job_id": self.job_id,
@@ -435,7 +456,14 @@ class _Hook:
         if node is None:
             self.log("SLURMD_NODENAME not set; nothing to unregister")
             return 0
+        # After a requeue the Epilog already sees the next run's SLURM_JOB_RESTART_COUNT
+        # (measured on 22.05): the run that ended is the latest one registered here.
         path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
+        for run in range(self.run_index, -1, -1):
+            candidate = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, run)
+            if os.path.exists(candidate):
+                path = candidate
+                break
         gpus: dict[int, str] | None = _read_registry(path)
         source = f"removed {path}"
         if gpus is None:
@@ -521,13 +549,13 @@ def main(
     command runner, the clock, the log sink and scontrol's time zone (tests).
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    sink = log or _stderr_and_syslog
+    env = os.environ if environ is None else environ
+    config, problems = load_config(env)
+    sink = log or _file_sink(config.log_file)
     if len(args) != 1 or args[0] not in _HANDLERS:
         sink(f"gpucredit[hook]: usage: gpucredit hook {{{'|'.join(HOOKS)}}}, got {args!r}")
         return 2
     name = args[0]
-    env = os.environ if environ is None else environ
-    config, problems = load_config(env)
     job_id = _int_env(env, "SLURM_JOB_ID")
     run_index = _int_env(env, "SLURM_JOB_RESTART_COUNT") or 0
     cluster = env.get("SLURM_CLUSTER_NAME") or config.cluster or "default"

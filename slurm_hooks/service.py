@@ -44,7 +44,9 @@ def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[
         cluster=str(request["cluster"]),
         run=int(request.get("run", 0)),
         partition=request.get("partition"),
-        at=_time(request.get("at")) or utcnow(),
+        at=utcnow(),
+        # Slurm's StartTime of this run, which the prolog sends: settle measures from it.
+        started_at=_time(request.get("start")),
         grace_seconds=grace_seconds,
     )
     return created.as_dict()
@@ -61,7 +63,10 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
     found = api.find_active_hold(s, cluster, job_id) or api.find_hold(s, cluster, job_id, run)
     if found is None:
         raise NotFound(f"no hold for job {cluster}/{job_id} run {run}", details={"job_id": job_id})
-    start = _time(request.get("start")) or found.started_at
+    # The hold started at Slurm's StartTime of this run (sent by the prolog); the
+    # epilog's own StartTime is unusable after `scontrol requeue` (it then equals
+    # the requeue time), so the hold's start is the one to trust.
+    start = found.started_at
     end = _time(request.get("end")) or utcnow()
     elapsed = max(0, int((end - start).total_seconds()))
     return api.settle_hold(s, found.id, elapsed, end).as_dict()

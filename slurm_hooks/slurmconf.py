@@ -150,9 +150,11 @@ def render_job_submit(source: str, config_path: str) -> str:
     path = Path(config_path)
     config = load_config(path if path.is_file() else Path("/dev/null"))
     timeout = min(float(config["daemon"]["timeout_seconds"]), MAX_JOB_SUBMIT_TIMEOUT_SECONDS)
-    values = {"@SOCKET@": str(config["daemon"]["socket"]),
-              "@POLICY@": str(config["policy"]["on_ledger_unreachable"]),
-              "@TIMEOUT@": f"{timeout:g}"}
+    values = {
+        "@SOCKET@": str(config["daemon"]["socket"]),
+        "@POLICY@": str(config["policy"]["on_ledger_unreachable"]),
+        "@TIMEOUT@": f"{timeout:g}",
+    }
     for placeholder, value in values.items():
         source = source.replace(f'"{placeholder}"', f'"{_lua_string(value)}"')
     return source

@@ -399,6 +399,7 @@ def test_prolog_slurmctld_takes_a_hold(
             "partition": "debug",
             "gpus": {"a100": 1, "h100": 1},
             "seconds": 900,
+            "start": "2026-12-02T10:00:01Z",
             "nodes": 1,
         }
     ]
@@ -711,6 +712,23 @@ def test_node_hooks_register_mixed_type_gpus_per_node(
     # Epilog again: no file, scontrol still knows the GPUs; still exit 0.
     rc, _ = run_hook("epilog", node_env(cfg, "node2"), slurm)
     assert rc == 0
+
+
+def test_node_epilog_after_requeue_removes_the_run_that_ended(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], tmp_path: Path
+) -> None:
+    """22.05 runs the Epilog of a requeued run with the next SLURM_JOB_RESTART_COUNT."""
+    fake_daemon(lambda _: ok({}))
+    slurm = FakeSlurm({show(12): MIXED_TWO_NODES})
+    cfg = config()
+    rc, _ = run_hook("prolog", node_env(cfg, "node1", restart=0), slurm)
+    assert rc == 0
+    registered = tmp_path / "spool" / "node1" / "lab_12_0.json"
+    assert registered.exists()
+    rc, lines = run_hook("epilog", node_env(cfg, "node1", restart=1), slurm)
+    assert rc == 0
+    assert not registered.exists()
+    assert f"removed {registered}" in lines[0]
 
 
 def test_node_prolog_with_daemon_down_still_registers(config: Callable[..., str], tmp_path: Path) -> None:
