@@ -217,7 +217,9 @@ def submit(box: SlurmBox, *args: str) -> int:
 
 def test_no_credit_is_refused_at_submit_with_cost_available_and_top_up(cluster: Cluster) -> None:
     account = cluster.new_account(None)
-    rc, out, err = cluster.box.sbatch(["-A", account, "--gres=gpu:h100:2", "-t", "2:00:00", "--wrap", "true"])
+    rc, _out, err = cluster.box.sbatch(
+        ["-A", account, "--gres=gpu:h100:2", "-t", "2:00:00", "--wrap", "true"]
+    )
     assert rc == 1
     assert err.splitlines()[0] == (
         f"sbatch: error: gpucredit: this job would cost ~14.40 credits (2×h100 × 2 h) but only 0.00 are "
