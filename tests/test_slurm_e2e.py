@@ -181,6 +181,8 @@ def cluster(
                 run(["/usr/bin/scancel", job_id], check=False)
         slurm_box.config_path = previous_config
         slurm_box.use_hooks()
+        if c.accounts:  # leave Slurm's association tree as we found it
+            run(["/usr/bin/sacctmgr", "-i", "delete", "account", ",".join(c.accounts)], check=False)
         engine.dispose()
         if admin is not None:
             with admin.connect() as conn:
