@@ -30,7 +30,7 @@ test: venv lint typecheck
 	$(BIN)/python -m pytest
 
 bench: venv
-	$(BIN)/python bench/ledger_throughput.py
+	$(BIN)/python -m bench.ledger_throughput
 
 clean:
 	rm -rf $(VENV) var build *.egg-info

@@ -25,8 +25,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from job_submit import answer
+from job_submit.snapshot import SnapshotKeeper
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
+from ledger.timeutil import utcnow
 from slurm_hooks import service
 
 log = logging.getLogger("gpucredit.daemon")
@@ -55,6 +57,7 @@ class Daemon:
         )
         self._partition_types: tuple[float, dict[str, list[str]]] = (0.0, {})
         self._lock = threading.Lock()
+        self.snapshots = SnapshotKeeper(self.sessions)
         self.credit_held: set[int] = set()
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda request: {"pong": True},
@@ -83,10 +86,14 @@ class Daemon:
             raise
 
     def _submit(self, request: dict[str, Any]) -> Any:
-        with self.sessions() as s, s.begin():
-            return answer.submit(
-                s, request, top_up_hint=self.top_up_hint, partition_types=self.partition_types
-            )
+        if self.snapshots.stale(utcnow()):
+            return _unavailable()
+        return answer.submit(
+            self.snapshots.current(),
+            request,
+            top_up_hint=self.top_up_hint,
+            partition_types=self.partition_types,
+        )
 
     def partition_types(self, partition: str | None) -> list[str]:
         """GPU types each partition offers, from sinfo, cached for a minute."""
@@ -119,7 +126,7 @@ class Daemon:
             return {"ok": False, "error": error.as_dict()}
         except (OperationalError, DBAPIError) as error:
             log.error("ledger database unavailable: %s", error.orig if error.orig else error)
-            return _error("unavailable", "the ledger database is unavailable")
+            return _unavailable()
         except (KeyError, TypeError, ValueError) as error:
             return _error("bad_request", f"malformed {request['op']} request: {error!r}")
 
@@ -207,6 +214,11 @@ class Daemon:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         if release_interval:
             threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
+        threading.Thread(
+            target=self.snapshots.run,
+            args=(stop, lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error)),
+            daemon=True,
+        ).start()
         threading.Thread(target=lambda: (stop.wait(), server.shutdown()), daemon=True).start()
         log.info("gpucredit daemon listening on %s", path)
         if ready is not None:
@@ -217,6 +229,10 @@ class Daemon:
             server.server_close()
             path.unlink(missing_ok=True)
             self.engine.dispose()
+
+
+def _unavailable() -> dict[str, Any]:
+    return _error("unavailable", "the ledger database is unavailable")
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

@@ -2,22 +2,19 @@
 cost, what is available and how to top up.
 
 job_submit runs inside slurmctld under its locks, before Slurm validates the job,
-so this never reserves: it quotes. The authoritative hold is PrologSlurmctld's.
+so this never reserves and never touches the database: it quotes from the daemon's
+in-memory Snapshot. The authoritative hold is PrologSlurmctld's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
-from sqlalchemy.orm import Session
+from datetime import datetime
 
 from job_submit.request import InvalidRequest, JobRequest, parse_submit
-from ledger.accounts import limits_for, read_account
+from job_submit.snapshot import Snapshot
 from ledger.errors import LedgerError, NotFound
-from ledger.grants import available_now, load_grants
 from ledger.money import charge_for, format_credits, format_rate
-from ledger.prices import price_at, rate_for
 from ledger.timeutil import utcnow
 
 TAG = "gpucredit"
@@ -37,8 +34,8 @@ def _gpu_text(gpus: Mapping[str, int]) -> str:
 
 
 def submit(
-    s: Session,
-    fields: Mapping[str, Any],
+    snapshot: Snapshot,
+    fields: Mapping[str, object],
     *,
     top_up_hint: str,
     partition_types: Callable[[str | None], list[str]],
@@ -55,7 +52,7 @@ def submit(
     if request.time_limit_seconds is None:
         return _reject("GPU jobs need a time limit to be priced: submit with -t [D-]HH:MM:SS")
     try:
-        return _estimate(s, request, top_up_hint, partition_types)
+        return _estimate(snapshot, request, top_up_hint, partition_types)
     except NotFound:
         return _reject(
             f"account {request.account} has no GPU credit account; ask your admin "
@@ -66,22 +63,26 @@ def submit(
 
 
 def _estimate(
-    s: Session, request: JobRequest, top_up_hint: str, partition_types: Callable[[str | None], list[str]]
+    snapshot: Snapshot,
+    request: JobRequest,
+    top_up_hint: str,
+    partition_types: Callable[[str | None], list[str]],
 ) -> dict[str, str]:
     assert request.account is not None and request.time_limit_seconds is not None
     now = utcnow()
-    gpus, note = _typed_gpus(s, request, now, partition_types)
+    gpus, note = _typed_gpus(snapshot, request, now, partition_types)
     seconds = request.time_limit_seconds
-    rate, _prices = rate_for(s, gpus, request.partition, now)
+    rate = snapshot.rate_for(gpus, request.partition, now)
     per_task = charge_for(rate, seconds)
     cost = per_task * request.array_tasks
-    account = read_account(s, request.account)
-    available_u = available_now(load_grants(s, account.id), account, now)
+    available_u = snapshot.available_in(request.account)
     available = format_credits(available_u)
     what = f"{_gpu_text(gpus)} × {describe_duration(seconds)}"
     if request.array_tasks > 1:
         what += f", × {request.array_tasks} tasks"
-    refusal = _static_limit_refusal(s, account.id, request.user, sum(gpus.values()), rate, per_task)
+    refusal = _static_limit_refusal(
+        snapshot, request.account, request.user, sum(gpus.values()), rate, per_task
+    )
     if refusal:
         return _reject(f"{refusal} (job: {what})")
     if cost > available_u:
@@ -97,40 +98,41 @@ def _estimate(
 
 
 def _typed_gpus(
-    s: Session, request: JobRequest, now: Any, partition_types: Callable[[str | None], list[str]]
+    snapshot: Snapshot,
+    request: JobRequest,
+    now: datetime,
+    partition_types: Callable[[str | None], list[str]],
 ) -> tuple[dict[str, int], str]:
     """Untyped GPUs are estimated at the most expensive type the partition offers."""
     typed = {g: n for g, n in request.gpus.items() if g is not None}
     untyped = request.gpus.get(None, 0)
     if not untyped:
         return typed, ""
-    priced = [(price_at(s, g, request.partition, now), g) for g in partition_types(request.partition)]
-    priced = [(p, g) for p, g in priced if p is not None]
-    if not priced:
+    priced = [(snapshot.price_at(g, request.partition, now), g) for g in partition_types(request.partition)]
+    known = [(p, g) for p, g in priced if p is not None]
+    if not known:
         raise LedgerError(
             "no priced GPU type in this partition; ask for a type, e.g. --gres=gpu:a100:1",
             code="unknown_gres",
         )
-    _price, dearest = max(priced)
+    _price, dearest = max(known)
     typed[dearest] = typed.get(dearest, 0) + untyped
     return typed, f"; untyped GPUs estimated as {dearest}, the dearest type here"
 
 
 def _static_limit_refusal(
-    s: Session, account_id: int, user: str, gpus: int, rate: int, cost: int
+    snapshot: Snapshot, account: str, user: str, gpus: int, rate: int, cost: int
 ) -> str | None:
     """Caps this job breaks on its own, whatever else runs (the prolog checks the rest)."""
     for who, scope in ((user, f"user {user}"), (None, "the account")):
-        limits = limits_for(s, account_id, who)
+        limits = snapshot.limits_for(account, who)
         if limits.max_gpus is not None and gpus > limits.max_gpus:
             return f"concurrent_gpus: {gpus} GPUs exceed the cap of {limits.max_gpus} for {scope}"
-        if (
-            limits.max_rate_ucredits_per_second is not None
-            and rate > limits.max_rate_ucredits_per_second * 3600
-        ):
+        cap_rate = limits.max_rate_ucredits_per_second
+        if cap_rate is not None and rate > cap_rate * 3600:
             return (
-                f"spend_rate: {format_rate(rate)}/s exceeds the cap of "
-                f"{format_rate(limits.max_rate_ucredits_per_second * 3600)}/s for {scope}"
+                f"spend_rate: {format_rate(rate)}/s exceeds the cap of {format_rate(cap_rate * 3600)}/s "
+                f"for {scope}"
             )
         if limits.daily_cap_ucredits is not None and cost > limits.daily_cap_ucredits:
             return (

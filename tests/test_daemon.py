@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +105,7 @@ def test_hold_and_settle_are_idempotent_per_run(client) -> None:
         "gpus": {"h100": 2},
         "seconds": 3600,
         "nodes": 1,
+        "start": "2026-12-02T10:00:00Z",  # Slurm's StartTime: the settle measures from it
     }
     first = client.call("hold", **request)
     assert (first["amount"], first["state"]) == ("7.20", "active")
@@ -159,3 +161,17 @@ def test_database_down_answers_unavailable(tmp_path: Path) -> None:
                 seconds=60,
                 nodes=1,
             )
+
+
+def test_a_top_up_reaches_job_submit_through_the_refreshed_snapshot(client, tx) -> None:
+    big = {"tres_per_node": "gres:gpu:h100:2", "time_limit": 600}  # 10 h: 72.00 credits
+    assert submit(client, **big)["decision"] == "reject"
+    with tx() as s:
+        api.topup(s, "physics", "100")
+    deadline = time.monotonic() + 10  # the daemon refreshes every second; allow a slow machine
+    while submit(client, **big)["decision"] == "reject":
+        assert time.monotonic() < deadline, "the top-up never reached job_submit"
+        time.sleep(0.1)
+    assert submit(client, **big)["message"] == (
+        "gpucredit: ~72.00 credits (2×h100 × 10 h), 120.00 available in physics"
+    )

@@ -1,0 +1,127 @@
+"""What gpucredit adds to Slurm: sbatch wall time with and without its job_submit.lua,
+and the PrologSlurmctld hook's latency, measured on the Slurm box in one run.
+
+Needs root and the box with gpucredit on it (`make slurm-up`). Submissions are held
+(`--hold`) so nothing runs, and are cancelled at the end.
+
+    .venv/bin/python -m bench.slurm_hooks [--submissions 60] [--prolog-runs 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from tests.slurmbox import SlurmBox, run
+
+GPUCREDIT = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucredit")
+CONFIG = os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml")
+SBATCH = [
+    "/usr/sbin/runuser",
+    "-u",
+    "alice",
+    "--",
+    "/usr/bin/sbatch",
+    "--parsable",
+    "--hold",
+    "-A",
+    "physics",
+    "--gres=gpu:h100:1",
+    "-t",
+    "10",
+    "--wrap",
+    "true",
+]
+
+
+def sbatch_times(count: int) -> tuple[list[float], list[str]]:
+    times, ids = [], []
+    for _ in range(count):
+        began = time.perf_counter()
+        done = subprocess.run(SBATCH, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - began)
+        ids.append(done.stdout.strip())
+    return times, ids
+
+
+def prolog_times(job_id: str, runs: int) -> list[float]:
+    """The hook as PrologSlurmctld runs it: a fresh process, Slurm's environment, no PATH."""
+    times = []
+    for restart in range(runs):
+        env = {
+            "SLURM_JOB_ID": job_id,
+            "SLURM_JOBID": job_id,
+            "SLURM_CLUSTER_NAME": "lab",
+            "SLURM_JOB_ACCOUNT": "physics",
+            "SLURM_JOB_USER": "alice",
+            "SLURM_JOB_PARTITION": "onprem",
+            "SLURM_JOB_RESTART_COUNT": str(1000 + restart),
+            "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld",
+            "GPUCREDIT_CONFIG": CONFIG,
+        }
+        began = time.perf_counter()
+        done = subprocess.run([GPUCREDIT, "hook", "prolog-slurmctld"], env=env, capture_output=True)
+        times.append(time.perf_counter() - began)
+        if done.returncode != 0:
+            raise SystemExit(f"the prolog hook failed: {done.stderr.decode()}")
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--submissions", type=int, default=60)
+    parser.add_argument("--prolog-runs", type=int, default=100)
+    args = parser.parse_args()
+    box = SlurmBox()
+    if not box.is_up():
+        raise SystemExit("the Slurm box is not up: make slurm-up")
+    subprocess.run(
+        [GPUCREDIT, "topup", "physics", "100000"],
+        env={**os.environ, "GPUCREDIT_CONFIG": CONFIG},
+        check=True,
+        capture_output=True,
+    )
+    ids: list[str] = []
+    try:
+        box.use_hooks("passthrough")
+        sbatch_times(5)  # warm up slurmctld and the page cache
+        plain, more = sbatch_times(args.submissions)
+        ids += more
+        box.use_hooks("gpucredit")
+        sbatch_times(5)
+        with_gpucredit, more = sbatch_times(args.submissions)
+        ids += more
+        prolog = prolog_times(ids[-1], args.prolog_runs)
+    finally:
+        box.use_hooks("gpucredit")
+        if ids:
+            run(["/usr/bin/scancel", *ids], check=False)
+    plain_ms, gc_ms = statistics.median(plain) * 1000, statistics.median(with_gpucredit) * 1000
+    print(
+        f"sbatch median over {args.submissions}: without gpucredit {plain_ms:.1f} ms, "
+        f"with gpucredit's job_submit {gc_ms:.1f} ms, ratio {gc_ms / plain_ms:.3f} (goal <= 1.05)"
+    )
+    print(
+        f"prolog-slurmctld hook over {args.prolog_runs} runs (a new hold each): "
+        f"p50 {percentile(prolog, 0.5) * 1000:.1f} ms, p99 {percentile(prolog, 0.99) * 1000:.1f} ms "
+        "(goal <= 50 / 150 ms)"
+    )
+    py = [0.0] * 20
+    for i in range(20):
+        began = time.perf_counter()
+        subprocess.run(["/usr/bin/python3", "-c", "pass"], check=True)
+        py[i] = time.perf_counter() - began
+    print(f"for scale: a bare `python3 -c pass` takes {statistics.median(py) * 1000:.1f} ms here")
+
+
+if __name__ == "__main__":
+    main()
