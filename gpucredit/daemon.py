@@ -219,7 +219,11 @@ class Daemon:
             args=(stop, lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error)),
             daemon=True,
         ).start()
-        threading.Thread(target=lambda: (stop.wait(), server.shutdown()), daemon=True).start()
+        def shut_down_when_stopped() -> None:
+            stop.wait()
+            server.shutdown()
+
+        threading.Thread(target=shut_down_when_stopped, daemon=True).start()
         log.info("gpucredit daemon listening on %s", path)
         if ready is not None:
             ready.set()

@@ -12,12 +12,12 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.journal import LockedAccount, accounts_t
-from ledger.models import Limit, Member
+from ledger.models import Limit, Member, table_of
 from ledger.money import format_credits, parse_credits
 from ledger.timeutil import utcnow
 
-members_t = Member.__table__
-limits_t = Limit.__table__
+members_t = table_of(Member)
+limits_t = table_of(Limit)
 
 # Slurm account and user names: letters, digits, '_', '-', '.'; ':' is reserved for system accounts.
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")

@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session
 from ledger import idempotency
 from ledger.errors import InsufficientCredits, InvalidInput
 from ledger.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
-from ledger.models import Grant
+from ledger.models import Grant, table_of
 from ledger.money import format_credits, parse_credits
 from ledger.timeutil import format_time, utcnow
 
-grants_t = Grant.__table__
+grants_t = table_of(Grant)
 DEFAULT_PRIORITY = 10
 SOURCES = {"topup": PAYMENTS, "grant": PROMOTIONS, "refund": REVENUE}
 

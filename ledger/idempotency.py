@@ -13,10 +13,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from ledger.errors import IdempotencyConflict, InvalidInput
-from ledger.models import IdempotencyKey
+from ledger.models import IdempotencyKey, table_of
 from ledger.timeutil import utcnow
 
-keys_t = IdempotencyKey.__table__
+keys_t = table_of(IdempotencyKey)
 MAX_KEY_LENGTH = 256
 
 

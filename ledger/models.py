@@ -12,7 +12,7 @@ Two kinds of rows live here:
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -330,3 +331,8 @@ class GpuUsage(Base):
     energy_joules: Mapped[int] = mapped_column(BigInteger)
     peak_memory_bytes: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[Timestamp]
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table behind a mapped class, typed as a Table for Core statements."""
+    return cast(Table, model.__table__)

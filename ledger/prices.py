@@ -10,11 +10,11 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput
-from ledger.models import Price
+from ledger.models import Price, table_of
 from ledger.money import format_credits, parse_credits
 from ledger.timeutil import format_time, utcnow
 
-prices_t = Price.__table__
+prices_t = table_of(Price)
 _GRES = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_GPUS_PER_JOB = 100_000
 
@@ -30,18 +30,18 @@ def check_gres(gres: str) -> str:
 def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
     """'h100:2,a100:1' (or a mapping) into {type: count}, refusing zero or malformed parts."""
     if isinstance(spec, dict):
-        items = list(spec.items())
+        items: list[tuple[str, str | int]] = list(spec.items())
     else:
         items = []
         for part in str(spec).split(","):
-            name, sep, count = part.strip().rpartition(":")
+            gres, sep, count_text = part.strip().rpartition(":")
             if not sep:
                 raise InvalidInput(
                     f"GPU spec {spec!r}: expected TYPE:N[,TYPE:N]",
                     code="invalid_gpus",
                     details={"value": str(spec)},
                 )
-            items.append((name, count))
+            items.append((gres, count_text))
     gpus: dict[str, int] = {}
     for name, count in items:
         check_gres(name)
