@@ -29,14 +29,20 @@ from ledger.balance import account_summary, balance
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
 from ledger.holds import (
+    ActiveRun,
+    CapOverrun,
     HoldState,
     adjust_hold,
     create_hold,
+    daily_cap_overruns,
     find_active_hold,
     find_hold,
     get_hold,
     hold_usage,
+    hold_usage_many,
+    list_active_runs,
     list_holds,
+    record_unreserved_run,
     release_hold,
     settle_hold,
 )
@@ -48,6 +54,8 @@ from ledger.reports import usage_report
 from ledger.timeutil import format_time, utcnow
 
 __all__ = [
+    "ActiveRun",
+    "CapOverrun",
     "HoldState",
     "account_names",
     "account_summary",
@@ -58,6 +66,7 @@ __all__ = [
     "consume",
     "create_account",
     "create_hold",
+    "daily_cap_overruns",
     "ensure_account",
     "entries_t",
     "find_active_hold",
@@ -65,9 +74,12 @@ __all__ = [
     "get_hold",
     "grant",
     "hold_usage",
+    "hold_usage_many",
+    "list_active_runs",
     "list_holds",
     "list_prices",
     "quote",
+    "record_unreserved_run",
     "release_hold",
     "set_limits",
     "set_price",

@@ -12,14 +12,15 @@ A run is `(cluster, job_id, run)`; a repeat of the same request returns the hold
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ledger.accounts import check_name, limits_for, limits_t, lock_account
+from ledger.bulk import insert_rows, update_rows
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LimitExceeded, NotFound
 from ledger.grants import (
     GrantState,
@@ -41,13 +42,13 @@ from ledger.journal import (
     post_many,
     postings_t,
 )
-from ledger.models import Hold, HoldAllocation
+from ledger.models import Hold, HoldAllocation, table_of
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.prices import format_gpus, parse_gpus, rate_for
 from ledger.timeutil import day_bounds, format_time, parse_seconds, utcnow
 
-holds_t = Hold.__table__
-allocations_t = HoldAllocation.__table__
+holds_t = table_of(Hold)
+allocations_t = table_of(HoldAllocation)
 DEFAULT_GRACE_SECONDS = 600
 MAX_JOB_ID = 2**53
 # One account's charges per hold_usage_many call: bounds the transaction and its memory.
@@ -118,8 +119,7 @@ def _hold_query() -> Any:
 
 
 def _to_state(row: Any) -> HoldState:
-    fields = {c.name: getattr(row, c.name) for c in _HOLD_COLUMNS}
-    return HoldState(account=row.account, **fields)
+    return HoldState(**row._mapping)  # the hold's columns and its account's name, by name
 
 
 def get_hold(s: Session, hold_id: int) -> HoldState:
@@ -156,6 +156,38 @@ def list_holds(
     if state is not None:
         query = query.where(holds_t.c.state == state)
     return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id).limit(limit))]
+
+
+class ActiveRun(NamedTuple):
+    """What the meter needs of an active hold to match it with a running job."""
+
+    hold_id: int
+    account: str
+    cluster: str
+    job_id: int
+    run: int
+    charged_seconds: int
+    expires_at: datetime
+
+
+def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
+    """Every active hold, lean (one query, few columns): the meter reads them all each tick."""
+    query = (
+        select(
+            holds_t.c.id,
+            accounts_t.c.name,
+            holds_t.c.cluster,
+            holds_t.c.job_id,
+            holds_t.c.run,
+            holds_t.c.charged_seconds,
+            holds_t.c.expires_at,
+        )
+        .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
+        .where(holds_t.c.state == "active")
+        .order_by(holds_t.c.id)
+        .limit(limit)
+    )
+    return [ActiveRun(*row) for row in s.execute(query)]
 
 
 def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
@@ -220,12 +252,12 @@ def check_limits(
         subject = f"user {user} in account {account.name}" if who else f"account {account.name}"
         gpus_now, rate_now, held_now = _usage_of_active_holds(s, account.id, who)
         if limits.max_gpus is not None and gpus_now + gpu_count > limits.max_gpus:
-            value = gpus_now + gpu_count
+            total_gpus = gpus_now + gpu_count
             raise LimitExceeded(
                 "concurrent_gpus",
-                f"{subject}: {value} concurrent GPUs would exceed the cap of "
+                f"{subject}: {total_gpus} concurrent GPUs would exceed the cap of "
                 f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
-                {"limit": "concurrent_gpus", "scope": scope, "value": value, "cap": limits.max_gpus},
+                {"limit": "concurrent_gpus", "scope": scope, "value": total_gpus, "cap": limits.max_gpus},
             )
         if limits.max_rate_ucredits_per_second is not None:
             cap_per_hour = limits.max_rate_ucredits_per_second * 3600
@@ -733,7 +765,8 @@ def hold_usage_many(
                 },
             )
         )
-        charged.append(replace(hold, charged_ucredits=target, charged_seconds=elapsed))
+        hold.charged_ucredits, hold.charged_seconds = target, elapsed  # a copy read under the lock
+        charged.append(hold)
     post_many(s, account, drafts)
     save_grants(s, grants)
     _save_allocations_many(s, allocations)
@@ -756,20 +789,16 @@ def hold_usage_many(
 
 
 def _save_charges(s: Session, holds: list[HoldState]) -> None:
-    s.execute(
-        update(holds_t)
-        .where(holds_t.c.id == bindparam("b_id"))
-        .values(
-            charged_ucredits=bindparam("b_charged"),
-            charged_seconds=bindparam("b_seconds"),
-            debt_ucredits=bindparam("b_debt"),
-        ),
+    update_rows(
+        s,
+        holds_t,
+        ("id",),
         [
             {
-                "b_id": h.id,
-                "b_charged": h.charged_ucredits,
-                "b_seconds": h.charged_seconds,
-                "b_debt": h.debt_ucredits,
+                "id": h.id,
+                "charged_ucredits": h.charged_ucredits,
+                "charged_seconds": h.charged_seconds,
+                "debt_ucredits": h.debt_ucredits,
             }
             for h in holds
         ],
@@ -777,41 +806,22 @@ def _save_charges(s: Session, holds: list[HoldState]) -> None:
 
 
 def _save_allocations_many(s: Session, allocations: dict[int, dict[int, Allocation]]) -> None:
-    """`_save_allocations` for many holds: one INSERT and one executemany UPDATE."""
-    new = [
-        {
-            "hold_id": hold_id,
-            "grant_id": a.grant_id,
-            "earmarked_ucredits": a.earmarked_ucredits,
-            "drawn_ucredits": a.drawn_ucredits,
-        }
-        for hold_id, by_grant in allocations.items()
-        for a in by_grant.values()
-        if a.is_new
-    ]
-    if new:
-        s.execute(insert(allocations_t), new)
-    changed = [
-        {
-            "b_hold": hold_id,
-            "b_grant": a.grant_id,
-            "b_earmarked": a.earmarked_ucredits,
-            "b_drawn": a.drawn_ucredits,
-        }
-        for hold_id, by_grant in allocations.items()
-        for a in by_grant.values()
-        if a.dirty and not a.is_new
-    ]
-    if changed:
-        s.execute(
-            update(allocations_t)
-            .where(
-                allocations_t.c.hold_id == bindparam("b_hold"),
-                allocations_t.c.grant_id == bindparam("b_grant"),
-            )
-            .values(earmarked_ucredits=bindparam("b_earmarked"), drawn_ucredits=bindparam("b_drawn")),
-            changed,
-        )
+    """`_save_allocations` for many holds: one INSERT and one UPDATE."""
+    new: list[dict[str, int]] = []
+    changed: list[dict[str, int]] = []
+    for hold_id, by_grant in allocations.items():
+        for a in by_grant.values():
+            if a.dirty:
+                (new if a.is_new else changed).append(
+                    {
+                        "hold_id": hold_id,
+                        "grant_id": a.grant_id,
+                        "earmarked_ucredits": a.earmarked_ucredits,
+                        "drawn_ucredits": a.drawn_ucredits,
+                    }
+                )
+    insert_rows(s, allocations_t, new)
+    update_rows(s, allocations_t, ("hold_id", "grant_id"), changed)
 
 
 def settle_hold(
