@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict, InvalidInput, NotFound
@@ -61,6 +61,25 @@ def ensure_account(s: Session, name: str) -> bool:
 def lock_account(s: Session, name: str) -> LockedAccount:
     """Lock one customer account row for the rest of the transaction."""
     return read_account(s, name, lock=True)
+
+
+def lock_account_by_id(s: Session, account_id: Any) -> LockedAccount | None:
+    """Lock a customer account by id (or by a scalar subquery yielding it)."""
+    query = select(
+        accounts_t.c.id,
+        accounts_t.c.name,
+        accounts_t.c.debt_ucredits,
+        accounts_t.c.entry_count,
+        accounts_t.c.head_hash,
+    ).where(accounts_t.c.id == account_id, accounts_t.c.kind == "customer")
+    if s.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    row = s.execute(query).first()
+    return (
+        None
+        if row is None
+        else LockedAccount(row.id, row.name, row.debt_ucredits, row.entry_count, row.head_hash)
+    )
 
 
 def read_account(s: Session, name: str, *, lock: bool = False) -> LockedAccount:
@@ -177,6 +196,18 @@ def limits_for(s: Session, account_id: int, user: str | None) -> Limits:
     if row is None:
         return Limits()
     return Limits(row.max_gpus, row.max_rate_ucredits_per_second, row.daily_cap_ucredits)
+
+
+def limits_of(s: Session, account_id: int, user: str) -> dict[str | None, Limits]:
+    """The account's caps (key None) and one user's (key `user`), in one query."""
+    caps: dict[str | None, Limits] = {None: Limits(), user: Limits()}
+    for row in s.execute(
+        select(limits_t).where(
+            limits_t.c.account_id == account_id, or_(limits_t.c.user.is_(None), limits_t.c.user == user)
+        )
+    ):
+        caps[row.user] = Limits(row.max_gpus, row.max_rate_ucredits_per_second, row.daily_cap_ucredits)
+    return caps
 
 
 def show_limits(s: Session, account: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, or_, select
 from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput
@@ -122,11 +122,26 @@ def price_at(s: Session, gres: str, partition: str | None, at: datetime) -> int 
 def rate_for(
     s: Session, gpus: dict[str, int], partition: str | None, at: datetime
 ) -> tuple[int, dict[str, int]]:
-    """Combined micro-credits per hour for a GPU mix, and each type's price; unknown types refused."""
+    """Combined micro-credits per hour for a GPU mix, and each type's price; unknown types refused.
+
+    One query for every type: the partition's own price wins over the type's general one,
+    the latest effective at `at` over older ones.
+    """
+    where_partition = prices_t.c.partition.is_(None)
+    if partition:
+        where_partition = or_(where_partition, prices_t.c.partition == partition)
+    found: dict[str, tuple[bool, int]] = {}
+    for gres, part, price in s.execute(
+        select(prices_t.c.gres, prices_t.c.partition, prices_t.c.ucredits_per_gpu_hour)
+        .where(prices_t.c.gres.in_(list(gpus)), prices_t.c.effective_at <= at, where_partition)
+        .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc())
+    ):
+        specific = part is not None
+        if gres not in found or (specific and not found[gres][0]):
+            found[gres] = (specific, int(price))
     unit_prices: dict[str, int] = {}
     for gres in gpus:
-        price = price_at(s, gres, partition, at)
-        if price is None:
+        if gres not in found:
             raise InvalidInput(
                 f"no price for GPU type {gres!r}"
                 + (f" in partition {partition}" if partition else "")
@@ -134,7 +149,7 @@ def rate_for(
                 code="unknown_gres",
                 details={"gres": gres, "partition": partition},
             )
-        unit_prices[gres] = price
+        unit_prices[gres] = found[gres][1]
     return sum(unit_prices[g] * n for g, n in gpus.items()), unit_prices
 
 
