@@ -93,11 +93,11 @@ def main() -> None:
     ids: list[str] = []
     try:
         box.use_hooks("passthrough")
-        sbatch_times(5)  # warm up slurmctld and the page cache
+        ids += sbatch_times(5)[1]  # warm up slurmctld and the page cache
         plain, more = sbatch_times(args.submissions)
         ids += more
         box.use_hooks("gpucredit")
-        sbatch_times(5)
+        ids += sbatch_times(5)[1]
         with_gpucredit, more = sbatch_times(args.submissions)
         ids += more
         prolog = prolog_times(ids[-1], args.prolog_runs)

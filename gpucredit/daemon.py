@@ -88,12 +88,23 @@ class Daemon:
     def _submit(self, request: dict[str, Any]) -> Any:
         if self.snapshots.stale(utcnow()):
             return _unavailable()
-        return answer.submit(
+        decision = answer.submit(
             self.snapshots.current(),
             request,
             top_up_hint=self.top_up_hint,
             partition_types=self.partition_types,
         )
+        if decision["decision"] == "reject" and self.snapshots.refresh_if_changed():
+            # Never refuse from a stale picture: a top-up or a new account made a moment
+            # ago must count. Refusals are the rare path; one cheap query tells whether
+            # anything changed at all.
+            decision = answer.submit(
+                self.snapshots.current(),
+                request,
+                top_up_hint=self.top_up_hint,
+                partition_types=self.partition_types,
+            )
+        return decision
 
     def partition_types(self, partition: str | None) -> list[str]:
         """GPU types each partition offers, from sinfo, cached for a minute."""
@@ -219,6 +230,7 @@ class Daemon:
             args=(stop, lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error)),
             daemon=True,
         ).start()
+
         def shut_down_when_stopped() -> None:
             stop.wait()
             server.shutdown()

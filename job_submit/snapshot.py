@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ledger.accounts import Limits, limits_t
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import grants_t
-from ledger.journal import accounts_t
+from ledger.journal import accounts_t, entries_t
 from ledger.prices import prices_t
 from ledger.timeutil import format_time, utcnow
 
@@ -31,6 +31,7 @@ STALE_AFTER_SECONDS = 30.0
 @dataclass(frozen=True)
 class Snapshot:
     taken_at: datetime
+    marker: tuple[Any, ...] = ()
     available: dict[str, int] = field(default_factory=dict)  # account -> micro-credits now
     account_ids: dict[str, int] = field(default_factory=dict)
     limits: dict[tuple[str, str | None], Limits] = field(default_factory=dict)
@@ -67,10 +68,25 @@ class Snapshot:
         return self.limits.get((account, user), Limits())
 
 
+def change_marker(s: Any) -> tuple[Any, ...]:
+    """Changes whenever a journal entry, account, price or cap is written."""
+    return tuple(
+        s.execute(
+            select(
+                select(func.max(entries_t.c.id)).scalar_subquery(),
+                select(func.max(accounts_t.c.id)).scalar_subquery(),
+                select(func.max(prices_t.c.id)).scalar_subquery(),
+                select(func.max(limits_t.c.updated_at)).scalar_subquery(),
+            )
+        ).one()
+    )
+
+
 def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
-    """Three aggregate reads, no locks: prices, caps, and free active credit less debt."""
+    """Aggregate reads, no locks: prices, caps, and free active credit less debt."""
     now = utcnow()
     with session_factory() as s:
+        marker = change_marker(s)
         accounts = {
             r.name: (r.id, r.debt_ucredits)
             for r in s.execute(
@@ -106,6 +122,7 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
             prices.setdefault((r.gres, r.partition), []).append((r.effective_at, r.ucredits_per_gpu_hour))
     return Snapshot(
         taken_at=now,
+        marker=marker,
         available={
             name: int(free.get(account_id, 0)) - debt for name, (account_id, debt) in accounts.items()
         },
@@ -135,6 +152,20 @@ class SnapshotKeeper:
 
     def refresh(self) -> None:
         self._current = take_snapshot(self.session_factory)
+
+    def refresh_if_changed(self) -> bool:
+        """Refresh now if the ledger changed since the picture was taken; True when refreshed.
+
+        One cheap query (a few maxima of primary keys and timestamps) decides.
+        """
+        current = self._current
+        with self.session_factory() as s:
+            marker = change_marker(s)
+        if current is not None and current.marker == marker:
+            return False
+        with self._lock:
+            self.refresh()
+        return True
 
     def run(self, stop: threading.Event, on_error: Callable[[SQLAlchemyError], None]) -> None:
         """Refresh until `stop`; a failed refresh keeps the last picture (see `stale`)."""

@@ -175,3 +175,16 @@ def test_a_top_up_reaches_job_submit_through_the_refreshed_snapshot(client, tx) 
     assert submit(client, **big)["message"] == (
         "gpucredit: ~72.00 credits (2×h100 × 10 h), 120.00 available in physics"
     )
+
+
+def test_a_new_account_is_not_refused_from_an_old_snapshot(client, tx) -> None:
+    """The snapshot refreshes every second; a refusal re-reads first, so credit given a
+    moment ago counts at once."""
+    assert submit(client, tres_per_node="gres:gpu:h100:1")["decision"] == "accept"  # snapshot taken
+    with tx() as s:
+        api.create_account(s, "fresh")
+        api.topup(s, "fresh", "10")
+    assert submit(client, tres_per_node="gres:gpu:h100:1", account="fresh") == {
+        "decision": "accept",
+        "message": "gpucredit: ~7.20 credits (1×h100 × 2 h), 10.00 available in fresh",
+    }
