@@ -7,14 +7,30 @@ so it is dispatched before click (or anything heavier) is imported.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["hook"]:
+        import os
+
         from slurm_hooks.hooks import main as hook_main
 
-        raise SystemExit(hook_main(args[1:]))
+        code = hook_main(args[1:])
+        if argv is None:  # this process is the hook: Slurm waits for it to exit
+            # Skip the interpreter's teardown (~3 ms of freeing modules): the hook has
+            # closed its socket and files, and it registers no atexit handlers.
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except (OSError, ValueError):  # closed or broken stdio: nothing left to lose
+                pass
+            os._exit(code)
+        raise SystemExit(code)
     cli(args=args, prog_name="gpucredit")
 
 
@@ -27,6 +43,10 @@ def _build() -> object:
     def root() -> None:
         """Prepaid GPU credits for Slurm clusters."""
 
+    from accounting_bridge.associations import import_slurm_command
+    from ledger.cli import account_group
+
+    account_group.add_command(import_slurm_command)
     for command in COMMANDS:
         root.add_command(command)
     root.add_command(_daemon_command())  # type: ignore[arg-type]
@@ -36,7 +56,7 @@ def _build() -> object:
     return root
 
 
-def _slurm_commands() -> list[object]:
+def _slurm_commands() -> list[Any]:
     try:
         from slurm_hooks.slurm_cli import slurm
     except ImportError:
@@ -44,11 +64,16 @@ def _slurm_commands() -> list[object]:
     return [slurm]
 
 
-def _bridge_commands() -> list[object]:
-    return []
+def _bridge_commands() -> list[Any]:
+    from accounting_bridge.agent import agent_command
+    from accounting_bridge.cli import bridge
+    from accounting_bridge.meter import meter_command
+
+    bridge.add_command(meter_command)
+    return [bridge, agent_command]
 
 
-def _portal_commands() -> list[object]:
+def _portal_commands() -> list[Any]:
     return []
 
 

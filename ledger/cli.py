@@ -469,28 +469,55 @@ def hold_show(hold_id: int, fmt: str) -> None:
 @click.option("--to", "end", default=None, metavar="TIME")
 @click.option(
     "--by",
-    type=click.Choice(["day", "gres", "user", "partition", "account"]),
-    default="day",
-    show_default=True,
+    type=click.Choice(["day", "gres", "user", "partition", "account", "job"]),
+    default=None,
+    help="Group rows by this (default: day; job with --efficiency).",
+)
+@click.option(
+    "--efficiency",
+    is_flag=True,
+    help="Allocated vs busy GPU-seconds (NVML) by job, user, account or gres; runs by start time.",
 )
 @format_option
 @ledger_command
 def report_command(
-    account: str | None, user: str | None, start: str | None, end: str | None, by: str, fmt: str
+    account: str | None,
+    user: str | None,
+    start: str | None,
+    end: str | None,
+    by: str | None,
+    efficiency: bool,
+    fmt: str,
 ) -> None:
     """Charges and GPU-seconds grouped by day, GPU type, user, partition or account."""
     from ledger import api
 
     with transaction() as s:
-        rows = api.usage_report(
-            s,
-            account=account,
-            user=user,
-            start=parse_time_option(start, "from"),
-            end=parse_time_option(end, "to"),
-            by=by,
-        )
-    emit(rows, fmt, [by, "charged", "gpu_seconds", "jobs"])
+        if efficiency:
+            from ledger.efficiency import EFFICIENCY_COLUMNS, efficiency_report
+
+            by = by or "job"
+            rows = efficiency_report(
+                s,
+                by=by,
+                account=account,
+                user=user,
+                start=parse_time_option(start, "from"),
+                end=parse_time_option(end, "to"),
+            )
+            columns = [by, *EFFICIENCY_COLUMNS]
+        else:
+            by = by or "day"
+            rows = api.usage_report(
+                s,
+                account=account,
+                user=user,
+                start=parse_time_option(start, "from"),
+                end=parse_time_option(end, "to"),
+                by=by,
+            )
+            columns = [by, "charged", "gpu_seconds", "jobs"]
+    emit(rows, fmt, columns)
 
 
 @click.command("sweep")

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import insert, or_, select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.errors import InvalidInput
 from ledger.models import Price, table_of
@@ -127,7 +128,7 @@ def rate_for(
     One query for every type: the partition's own price wins over the type's general one,
     the latest effective at `at` over older ones.
     """
-    where_partition = prices_t.c.partition.is_(None)
+    where_partition: ColumnElement[bool] = prices_t.c.partition.is_(None)
     if partition:
         where_partition = or_(where_partition, prices_t.c.partition == partition)
     found: dict[str, tuple[bool, int]] = {}
