@@ -19,6 +19,10 @@ Exit codes, and why (notes §6):
 Every run logs one line `gpucredit[<hook>] job=<id> run=<n>: ...` to stderr
 and syslog. A run is `(cluster, SLURM_JOB_ID, SLURM_JOB_RESTART_COUNT)`; the
 daemon is idempotent per run, so Slurm retrying a hook is harmless.
+
+Slurm waits for PrologSlurmctld before it starts the job, so this module keeps
+its imports to what that hook needs (the module-level ones below); the rest is
+imported where it is used, with a comment saying so.
 """
 
 from __future__ import annotations
@@ -26,15 +30,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
+import select
 import sys
 import syslog
-import tempfile
-import tomllib
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
-from typing import Any
 
 from slurm_hooks.client import (
     DEFAULT_SOCKET,
@@ -45,12 +46,19 @@ from slurm_hooks.client import (
 )
 from slurm_hooks.scontrol import JobInfo, ScontrolParseError, parse_job
 
+# `typing` costs milliseconds to import and is needed only by type checkers here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 __all__ = [
     "DEFAULT_CONFIG",
     "HOOKS",
+    "SETTINGS_VARIABLE",
     "CommandError",
     "HookConfig",
     "hold_job_with_reason",
+    "hook_settings",
     "load_config",
     "main",
     "registry_path",
@@ -62,6 +70,20 @@ DEFAULT_BIN_DIR = "/usr/bin"
 DEFAULT_SPOOL_DIR = "/var/spool/gpucredit/jobs"
 DEFAULT_COMMAND_TIMEOUT_SECONDS = 10.0
 POLICIES = ("reject", "accept")
+
+# The settings the hooks read, as (table, key) of the TOML config. `gpucredit slurm
+# install` copies them into each hook shim as one JSON object in SETTINGS_VARIABLE,
+# so that a hook does not parse TOML on every job (tomllib alone costs several ms).
+SETTINGS_KEYS = (
+    ("daemon", "socket"),
+    ("daemon", "timeout_seconds"),
+    ("policy", "on_ledger_unreachable"),
+    ("slurm", "cluster"),
+    ("slurm", "bin_dir"),
+    ("agent", "spool_dir"),
+    ("hooks", "log_file"),
+)
+SETTINGS_VARIABLE = "GPUCREDIT_HOOK_SETTINGS"
 
 HOOKS = ("prolog-slurmctld", "epilog-slurmctld", "prolog", "epilog")
 
@@ -91,40 +113,121 @@ class CommandError(Exception):
 
 
 def run_command(argv: Sequence[str], timeout: float = DEFAULT_COMMAND_TIMEOUT_SECONDS) -> str:
-    """Run a Slurm command (argv list, no shell); return stdout or raise CommandError."""
+    """Run a Slurm command (argv list, no shell); return stdout or raise CommandError.
+
+    stdin is /dev/null, stdout and stderr are captured, and the command is killed
+    after `timeout` seconds, as `subprocess.run` would do; but importing subprocess
+    (threading, signal, locale...) costs ~5 ms in every hook process, so this is
+    os.posix_spawn and poll. argv[0] must be a path: there is no PATH search (Slurm
+    gives hooks no PATH anyway). The descriptors Python opens are not inheritable
+    (PEP 446), so the command does not see our socket or files without close_fds.
+    It does inherit Python's ignored SIGPIPE, which subprocess would reset; harmless
+    here, as both pipes are read until the command closes them.
+    """
+    argv = list(argv)
+    deadline = time.monotonic() + timeout
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
-        raise CommandError(argv, None, stderr) from e
-    except OSError as e:
-        raise CommandError(argv, None, str(e)) from e
-    if done.returncode != 0:
-        raise CommandError(argv, done.returncode, done.stderr)
-    return done.stdout
+        try:
+            pid = os.posix_spawn(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out_write, 1),
+                    (os.POSIX_SPAWN_DUP2, err_write, 2),
+                ],
+            )
+        except OSError as e:  # missing or not executable
+            raise CommandError(argv, None, str(e)) from e
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        finished, (stdout, stderr) = _read_until_closed((out_read, err_read), deadline)
+        if not finished:
+            import signal  # here: only a command that hangs needs it
+
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise CommandError(argv, None, stderr)
+        returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        os.close(out_read)
+        os.close(err_read)
+    if returncode != 0:
+        raise CommandError(argv, returncode, stderr)
+    return stdout
 
 
-@dataclass(frozen=True)
+def _read_until_closed(fds: tuple[int, int], deadline: float) -> tuple[bool, list[str]]:
+    """What is written to the pipes `fds`, and whether both closed before `deadline`."""
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    open_fds = len(fds)
+    while open_fds:
+        remaining = deadline - time.monotonic()
+        events = poller.poll(remaining * 1000) if remaining > 0 else []
+        if not events:
+            break
+        for fd, _ in events:
+            data = os.read(fd, 65536)
+            if data:
+                chunks[fd].append(data)
+            else:  # closed (POLLHUP reads as b"")
+                poller.unregister(fd)
+                open_fds -= 1
+    return open_fds == 0, [b"".join(chunks[fd]).decode(errors="replace") for fd in fds]
+
+
 class HookConfig:
-    socket_path: str = DEFAULT_SOCKET
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    on_ledger_unreachable: str = "reject"
-    cluster: str | None = None
-    bin_dir: str = DEFAULT_BIN_DIR
-    spool_dir: str = DEFAULT_SPOOL_DIR
-    # Slurm discards what hooks print; one line per hook run goes here too.
-    log_file: str | None = None
+    """The hooks' settings (immutable by convention).
+
+    A plain class rather than a dataclass: `dataclasses` imports `inspect`,
+    which costs several milliseconds in every hook process.
+    """
+
+    __slots__ = (
+        "bin_dir", "cluster", "log_file", "on_ledger_unreachable", "socket_path", "spool_dir",
+        "timeout_seconds",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        on_ledger_unreachable: str = "reject",
+        cluster: str | None = None,
+        bin_dir: str = DEFAULT_BIN_DIR,
+        spool_dir: str = DEFAULT_SPOOL_DIR,
+        # Slurm discards what hooks print; one line per hook run goes here too.
+        log_file: str | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.timeout_seconds = timeout_seconds
+        self.on_ledger_unreachable = on_ledger_unreachable
+        self.cluster = cluster
+        self.bin_dir = bin_dir
+        self.spool_dir = spool_dir
+        self.log_file = log_file
 
     @property
     def scontrol(self) -> str:
         return os.path.join(self.bin_dir, "scontrol")
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HookConfig):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return "HookConfig(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__) + ")"
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -132,23 +235,59 @@ def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
-    """The hook settings from GPUCREDIT_CONFIG (TOML), and any problems found.
+def hook_settings(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The part of a parsed config the hooks read (SETTINGS_KEYS), tables kept.
 
+    Only these keys: the result goes into the hook shims, which any local user can
+    read, and the config may hold secrets (`database.url`).
+    """
+    settings: dict[str, dict[str, Any]] = {}
+    for table, key in SETTINGS_KEYS:
+        values = _table(data, table)
+        if key in values:
+            settings.setdefault(table, {})[key] = values[key]
+    return settings
+
+
+def _read_settings(
+    environ: Mapping[str, str], path: str, problems: list[str]
+) -> tuple[Mapping[str, Any], str]:
+    """The settings tables and where they came from: the shim's copy, else the TOML file."""
+    baked = environ.get(SETTINGS_VARIABLE)
+    if baked is not None:
+        try:
+            data = json.loads(baked)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            return data, f"{path} (as of `gpucredit slurm install`)"
+        problems.append(f"{SETTINGS_VARIABLE} is not a JSON object: {baked[:80]!r}; reading {path}")
+    # Imported here: a shim written by `gpucredit slurm install` carries the settings
+    # above, so a hook parses TOML only when run some other way.
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f), path
+    except FileNotFoundError:
+        return {}, path
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        problems.append(f"cannot read {path} ({e}); using defaults")
+        return {}, path
+
+
+def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
+    """The hook settings, and any problems found.
+
+    They come from SETTINGS_VARIABLE, the copy of the config's hook settings that
+    `gpucredit slurm install` puts in the shims, else from GPUCREDIT_CONFIG (TOML).
     A missing file means defaults. An unreadable file or a bad value also
     falls back to the default (policy `reject`, the safe one) and is reported,
     so a typo never silently turns the credit check off.
     """
     path = environ.get("GPUCREDIT_CONFIG") or DEFAULT_CONFIG
     problems: list[str] = []
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        data = {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        problems.append(f"cannot read {path} ({e}); using defaults")
-        data = {}
+    data, source = _read_settings(environ, path, problems)
     daemon, policy = _table(data, "daemon"), _table(data, "policy")
     slurm, agent = _table(data, "slurm"), _table(data, "agent")
     defaults = HookConfig()
@@ -158,7 +297,7 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
             return default
         if valid(table[key]):
             return table[key]
-        problems.append(f"{path}: bad value {table[key]!r} for {key}; using {default!r}")
+        problems.append(f"{source}: bad value {table[key]!r} for {key}; using {default!r}")
         return default
 
     def is_path(value: Any) -> bool:
@@ -272,20 +411,33 @@ def _stderr_and_syslog(line: str) -> None:
         pass
 
 
-@dataclass
 class _Hook:
     """One hook invocation: its environment, settings and collaborators."""
 
-    name: str
-    environ: Mapping[str, str]
-    config: HookConfig
-    run: Runner
-    now: Callable[[], datetime]
-    sink: LogSink
-    tz: tzinfo | None
-    job_id: int
-    run_index: int
-    cluster: str
+    def __init__(
+        self,
+        *,
+        name: str,
+        environ: Mapping[str, str],
+        config: HookConfig,
+        run: Runner,
+        now: Callable[[], datetime],
+        sink: LogSink,
+        tz: tzinfo | None,
+        job_id: int,
+        run_index: int,
+        cluster: str,
+    ) -> None:
+        self.name = name
+        self.environ = environ
+        self.config = config
+        self.run = run
+        self.now = now
+        self.sink = sink
+        self.tz = tz
+        self.job_id = job_id
+        self.run_index = run_index
+        self.cluster = cluster
 
     def log(self, message: str) -> None:
         self.sink(f"gpucredit[{self.name}] job={self.job_id} run={self.run_index}: {message}")
@@ -495,6 +647,8 @@ def _index_text(gpus: Mapping[str, str]) -> str:
 def _write_json_atomically(path: str, record: Mapping[str, Any]) -> None:
     # The node agent may read the spool while we write: it must see the whole
     # file or none. Rewriting the same file when Slurm retries is harmless.
+    import tempfile  # here: only the node Prolog writes files, PrologSlurmctld never does
+
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")

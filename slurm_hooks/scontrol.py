@@ -20,7 +20,6 @@ hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
 __all__ = [
@@ -101,7 +100,8 @@ UNIQUE_KEYS = frozenset(
 _KEY_START = re.compile(r"(?:^|(?<= ))([A-Za-z][A-Za-z0-9_:/\-]*)=")
 _USER = re.compile(r"(.*)\(([0-9]+)\)")
 _INT = re.compile(r"[0-9]+")
-_TIMESTAMP = "%Y-%m-%dT%H:%M:%S"
+# scontrol's `%Y-%m-%dT%H:%M:%S`, checked here and read by datetime.fromisoformat.
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
 _NO_TIME = frozenset({"", "Unknown", "None", "N/A", "(null)"})
 _UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "Partition_Limit", "NONE", "N/A"})
 _NODE_GRES_ITEM = re.compile(
@@ -114,30 +114,68 @@ class ScontrolParseError(ValueError):
     """The scontrol output could not be read (or could be read two ways)."""
 
 
-@dataclass(frozen=True)
 class JobInfo:
     """What the hooks need from `scontrol show job -d -o`.
 
     Times are aware UTC datetimes; `gpus` are job totals by type
     (`{"a100": 1, "h100": 1}`); `node_gpus` maps each node to its node-local
     GPU indices and their types (`{"node1": {0: "a100", 2: "h100"}}`).
+
+    A plain class rather than a dataclass: `dataclasses` imports `inspect`,
+    which costs several milliseconds in every hook process (DESIGN §3).
     """
 
-    job_id: int
-    user: str | None
-    uid: int | None
-    account: str | None
-    partition: str | None
-    state: str | None
-    restarts: int
-    num_nodes: int | None
-    node_list: str | None
-    time_limit_seconds: int | None
-    start_time: datetime | None
-    end_time: datetime | None
-    gpus: dict[str, int] = field(default_factory=dict)
-    node_gpus: dict[str, dict[int, str]] = field(default_factory=dict)
-    fields: dict[str, str] = field(default_factory=dict)
+    __slots__ = (
+        "account", "end_time", "fields", "gpus", "job_id", "node_gpus", "node_list", "num_nodes",
+        "partition", "restarts", "start_time", "state", "time_limit_seconds", "uid", "user",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        user: str | None,
+        uid: int | None,
+        account: str | None,
+        partition: str | None,
+        state: str | None,
+        restarts: int,
+        num_nodes: int | None,
+        node_list: str | None,
+        time_limit_seconds: int | None,
+        start_time: datetime | None,
+        end_time: datetime | None,
+        gpus: dict[str, int] | None = None,
+        node_gpus: dict[str, dict[int, str]] | None = None,
+        fields: dict[str, str] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.user = user
+        self.uid = uid
+        self.account = account
+        self.partition = partition
+        self.state = state
+        self.restarts = restarts
+        self.num_nodes = num_nodes
+        self.node_list = node_list
+        self.time_limit_seconds = time_limit_seconds
+        self.start_time = start_time
+        self.end_time = end_time
+        self.gpus: dict[str, int] = {} if gpus is None else gpus
+        self.node_gpus: dict[str, dict[int, str]] = {} if node_gpus is None else node_gpus
+        self.fields: dict[str, str] = {} if fields is None else fields
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobInfo):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__ if name != "fields")
+        return f"JobInfo({items})"
 
 
 def parse_line(line: str) -> list[tuple[str, str]]:
@@ -204,9 +242,14 @@ def parse_timestamp(value: str | None, tz: tzinfo | None = None) -> datetime | N
     """
     if value is None or value.strip() in _NO_TIME:
         return None
+    # Not datetime.strptime: its first call imports _strptime and builds locale
+    # tables, ~10 ms that every PrologSlurmctld would pay (fromisoformat is C).
+    text = value.strip()
+    if not _TIMESTAMP.fullmatch(text):
+        raise ScontrolParseError(f"bad timestamp {value!r}")
     try:
-        naive = datetime.strptime(value.strip(), _TIMESTAMP)
-    except ValueError as e:
+        naive = datetime.fromisoformat(text)
+    except ValueError as e:  # month 13, hour 24...
         raise ScontrolParseError(f"bad timestamp {value!r}") from e
     local = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()
     return local.astimezone(UTC)
@@ -371,7 +414,7 @@ def expand_hostlist(expr: str | None) -> list[str]:
 def _int_or_none(value: str | None) -> int | None:
     if value is None:
         return None
-    match = re.match(r"[0-9]+", value.strip())
+    match = _INT.match(value.strip())
     return int(match.group()) if match else None
 
 

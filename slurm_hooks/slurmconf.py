@@ -8,11 +8,17 @@ box runs exactly what admins are told to add.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import tempfile
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from slurm_hooks.hooks import hook_settings
 
 __all__ = [
     "DEFAULT_ETC_DIR",
@@ -20,6 +26,7 @@ __all__ = [
     "HOOKS",
     "PACKAGED_JOB_SUBMIT_LUA",
     "install",
+    "read_hook_settings",
     "render_shim",
     "shim_name",
     "slurm_conf_lines",
@@ -97,13 +104,33 @@ def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) 
     return "\n".join(lines) + "\n"
 
 
-def render_shim(hook: str, gpucredit_exe: str, config_path: str) -> str:
-    """The text of the shell shim that runs `gpucredit hook <hook>`."""
+def read_hook_settings(config_path: str) -> dict[str, dict[str, Any]]:
+    """The settings the hooks read from the config file; {} when there is no file.
+
+    A file that is not valid TOML raises ValueError, as it does for job_submit.lua.
+    """
+    if not Path(config_path).is_file():
+        return {}
+    with open(config_path, "rb") as f:
+        return hook_settings(tomllib.load(f))
+
+
+def render_shim(hook: str, gpucredit_exe: str, config_path: str, settings: Mapping[str, Any]) -> str:
+    """The text of the shell shim that runs `gpucredit hook <hook>`.
+
+    `settings` (from `read_hook_settings`) go into the shim, so the hook need
+    not parse the config file on every job.
+    """
     shim_name(hook)  # validates the name
+    try:
+        settings_json = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    except TypeError as e:  # a TOML date where the hooks want a string or number
+        raise ValueError(f"{config_path}: a hook setting is not a string or number: {e}") from e
     values = {
         "hook": hook,
         "exe": shlex.quote(_require_absolute("gpucredit_exe", gpucredit_exe)),
         "config": shlex.quote(_require_absolute("config_path", config_path)),
+        "settings": shlex.quote(settings_json),
     }
     text = _SHIM_TEMPLATE.read_text()
     for key, value in values.items():
@@ -171,14 +198,17 @@ def install(
     """Write the four hook shims into `hook_dir` and job_submit.lua into `etc_dir`.
 
     `job_submit_lua` is the script to install; by default the one gpucredit
-    ships. Returns the paths written. Files are replaced atomically.
+    ships. Both carry the settings they need from `config_path` as it is now, so
+    run this again after changing the config. Returns the paths written. Files
+    are replaced atomically.
     """
     etc = Path(_require_absolute("etc_dir", etc_dir))
     hooks = Path(_require_absolute("hook_dir", hook_dir))
     lua_source = Path(job_submit_lua) if job_submit_lua else PACKAGED_JOB_SUBMIT_LUA
     if not lua_source.is_file():
         raise FileNotFoundError(f"job_submit.lua not found at {lua_source}")
-    shims = {hook: render_shim(hook, gpucredit_exe, config_path) for hook in HOOKS}
+    settings = read_hook_settings(_require_absolute("config_path", config_path))
+    shims = {hook: render_shim(hook, gpucredit_exe, config_path, settings) for hook in HOOKS}
 
     hooks.mkdir(mode=0o755, parents=True, exist_ok=True)
     etc.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import tomllib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,9 +26,12 @@ import pytest
 
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurm_hooks.hooks import (
+    SETTINGS_VARIABLE,
     UNREACHABLE_REASON,
     CommandError,
+    HookConfig,
     hold_job_with_reason,
+    hook_settings,
     load_config,
     main,
     registry_path,
@@ -218,12 +222,58 @@ def test_client_constructor_does_no_io() -> None:
 def test_hook_modules_import_nothing_heavy() -> None:
     code = (
         "import sys, slurm_hooks.hooks, slurm_hooks.client, slurm_hooks.scontrol\n"
-        "heavy = {'click', 'sqlalchemy', 'psycopg', 'flask', 'ledger', 'alembic'}\n"
+        "heavy = {'click', 'sqlalchemy', 'psycopg', 'flask', 'ledger', 'alembic', 'tomllib'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# Stdlib modules that cost milliseconds each to import (or, for _strptime, to first
+# use) and that PrologSlurmctld does without; DESIGN §3 wants hooks to start fast.
+SLOW_STDLIB = ("tomllib", "dataclasses", "inspect", "typing", "subprocess", "socket", "tempfile", "pathlib",
+               "_strptime")  # fmt: skip
+
+
+def _modules_after(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """Run `code` in a fresh `python -S` (no site: only what the code itself imports)
+    and return which of SLOW_STDLIB it left in sys.modules."""
+    script = (
+        f"{code}\nimport sys\nfound = sorted(m for m in {SLOW_STDLIB!r} if m in sys.modules)\n"
+        "import json\nprint(json.dumps(found))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", script], cwd=root, env=env, capture_output=True, text=True, check=True
+    )
+    found: list[str] = json.loads(out.stdout.splitlines()[-1])
+    return found
+
+
+def test_importing_the_hooks_leaves_out_slow_stdlib_modules() -> None:
+    assert _modules_after("import slurm_hooks.hooks") == []
+
+
+def test_prolog_slurmctld_run_leaves_out_slow_stdlib_modules(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    """A whole hold, timestamps and all, with the settings a shim carries: no TOML."""
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    path = config()
+    with open(path, "rb") as f:
+        settings = json.dumps(hook_settings(tomllib.load(f)))
+    code = (
+        "from slurm_hooks import hooks\n"
+        f"rc = hooks.main(['prolog-slurmctld'], environ=ENV, runner=lambda argv: {job_line()!r}, log=print)\n"
+        "assert rc == 0, rc\n"
+    )
+    env = ctld_env(path)
+    utc = {**os.environ, "TZ": "UTC"}  # scontrol prints local time
+    assert _modules_after(code.replace("ENV", repr({**env, SETTINGS_VARIABLE: settings})), utc) == []
+    assert daemon.requests[0]["start"] == "2026-12-02T10:00:01Z"
+    # Without the shim's copy the hook falls back to the config file, so it needs tomllib.
+    assert "tomllib" in _modules_after(code.replace("ENV", repr(env)), utc)
 
 
 # --- fake Slurm --------------------------------------------------------------------------
@@ -778,6 +828,31 @@ def test_bad_usage_exits_two(argv: list[str]) -> None:
     assert "usage" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "logged"),
+    [
+        (["bogus"], 2, "usage: gpucredit hook"),
+        (["prolog-slurmctld"], 2, "SLURM_JOB_ID not set"),
+        (["epilog"], 0, "SLURM_JOB_ID not set"),
+    ],
+)
+def test_console_script_exits_with_the_hooks_code(
+    tmp_path: Path, args: list[str], code: int, logged: str
+) -> None:
+    """`gpucredit hook ...` ends the process itself (os._exit): the code and log line survive."""
+    root = Path(__file__).resolve().parent.parent
+    env = {"GPUCREDIT_CONFIG": str(tmp_path / "none.toml")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from gpucredit.cli import main; main()", "hook", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == code
+    assert logged in done.stderr
+
+
 def test_missing_job_id(config: Callable[..., str]) -> None:
     env = ctld_env(config())
     del env["SLURM_JOB_ID"]
@@ -817,6 +892,62 @@ def test_load_config_bad_values_fall_back_to_safe_defaults(tmp_path: Path) -> No
     assert cfg.socket_path == "/run/gpucredit/daemon.sock"
     assert cfg.bin_dir == "/usr/bin"
     assert len(problems) == 4
+
+
+def test_load_config_prefers_the_shims_copy_of_the_settings(
+    tmp_path: Path, config: Callable[..., str]
+) -> None:
+    path = config(policy="accept", timeout=0.7)
+    with open(path, "rb") as f:
+        baked = json.dumps(hook_settings(tomllib.load(f)))
+    from_file, problems = load_config({"GPUCREDIT_CONFIG": path})
+    assert problems == []
+    # The file is not read at all: the shim's copy is enough.
+    gone = str(tmp_path / "gone.toml")
+    from_shim, problems = load_config({"GPUCREDIT_CONFIG": gone, SETTINGS_VARIABLE: baked})
+    assert problems == []
+    assert from_shim == from_file
+    assert (from_shim.on_ledger_unreachable, from_shim.timeout_seconds, from_shim.cluster) == (
+        "accept",
+        0.7,
+        "fromconfig",
+    )
+
+
+def test_bad_values_in_the_shims_copy_are_reported_like_the_files() -> None:
+    baked = {
+        "policy": {"on_ledger_unreachable": "yes"},
+        "daemon": {"timeout_seconds": -1, "socket": "relative.sock"},
+        "slurm": {"bin_dir": 5},
+    }
+    cfg, problems = load_config({"GPUCREDIT_CONFIG": "/etc/g.toml", SETTINGS_VARIABLE: json.dumps(baked)})
+    assert cfg == HookConfig()  # the defaults, policy reject
+    assert len(problems) == 4
+    assert problems[0].startswith("/etc/g.toml (as of `gpucredit slurm install`): bad value")
+
+
+@pytest.mark.parametrize("baked", ["", "{", "[1]", "null"])
+def test_a_garbled_copy_of_the_settings_falls_back_to_the_file(
+    config: Callable[..., str], baked: str
+) -> None:
+    cfg, problems = load_config({"GPUCREDIT_CONFIG": config(policy="accept"), SETTINGS_VARIABLE: baked})
+    assert cfg.on_ledger_unreachable == "accept"
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{SETTINGS_VARIABLE} is not a JSON object")
+
+
+def test_hook_settings_copy_only_what_the_hooks_read() -> None:
+    data = {
+        "database": {"url": "postgresql://gc:secret@db/gpucredit"},
+        "daemon": {"socket": "/run/g.sock", "socket_user": "slurm"},
+        "hooks": {"log_file": "/var/log/g.log"},
+        "prices": {"a100": "1.00"},
+        "policy": "not a table",
+    }
+    assert hook_settings(data) == {
+        "daemon": {"socket": "/run/g.sock"},
+        "hooks": {"log_file": "/var/log/g.log"},
+    }
 
 
 def test_unreadable_config_is_reported_in_the_log(tmp_path: Path) -> None:
@@ -879,3 +1010,23 @@ def test_run_command_returns_stdout_and_raises_with_stderr() -> None:
         run_command(["/nonexistent/scontrol", "show", "job"])
     with pytest.raises(CommandError, match="timed out"):
         run_command(["/bin/sleep", "5"], timeout=0.1)
+
+
+def test_run_command_keeps_subprocess_run_behaviour(tmp_path: Path) -> None:
+    """run_command is os.posix_spawn + poll (subprocess is slow to import): same contract."""
+    assert run_command(["/bin/cat"]) == ""  # stdin is /dev/null, not the hook's
+    # Both pipes are read together: no deadlock when each gets more than a pipe buffer.
+    chatty = "import sys; sys.stdout.write('o' * 300_000); sys.stderr.write('e' * 300_000)"
+    assert run_command([sys.executable, "-c", chatty]) == "o" * 300_000
+    assert (
+        run_command([sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'caf\\xe9')"]) == "caf\ufffd"
+    )
+    with pytest.raises(CommandError, match="exited -9"):
+        run_command(["/bin/sh", "-c", "kill -9 $$"])
+    with pytest.raises(CommandError, match="timed out: started") as info:
+        run_command(["/bin/sh", "-c", "echo started >&2; exec sleep 5"], timeout=0.2)
+    assert info.value.returncode is None
+    not_executable = tmp_path / "scontrol"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(CommandError, match="Permission denied"):
+        run_command([str(not_executable)])

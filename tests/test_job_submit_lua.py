@@ -461,10 +461,18 @@ def test_unknown_policy_value_fails_closed(sockdir: Path, tmp_path: Path) -> Non
     assert outcome.rc == -1
 
 
+# Whatever listens at the default path on this machine, the script must only try it:
+# a stub socket.unix refuses every connection and leaves the path in the error.
+REFUSING_UNIX = """
+package.loaded["socket.unix"] = {stream = function()
+  return {settimeout = function() return 1 end, close = function() end,
+          connect = function(self, path) return nil, "connection refused (stub) " .. path end}
+end}
+"""
+
+
 def test_unsubstituted_placeholders_use_the_defaults(tmp_path: Path) -> None:
-    if os.path.exists("/run/gpucredit/daemon.sock"):
-        pytest.skip("a daemon socket exists at the default path on this machine")
-    outcome = run_script(tmp_path, "", substitute=False)
+    outcome = run_script(tmp_path, "", substitute=False, prelude=REFUSING_UNIX)
     assert outcome.loaded == 0
     assert outcome.rc == -1  # default policy: reject
     assert "/run/gpucredit/daemon.sock" in outcome.error[0]

@@ -354,6 +354,28 @@ def test_missing_timestamps(value: str | None) -> None:
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        "2026-12-02",
+        "2026-12-02T10:00",
+        "2026-12-2T10:00:01",
+        "20261202T100001",
+        "2026-12-02 10:00:01",
+        "2026-12-02T10:00:01Z",
+        "2026-12-02T10:00:01+01:00",
+        "2026-12-02T10:00:01.5",
+        "2026-13-02T10:00:01",
+        "2026-12-02T24:00:01",
+        "２０２６-12-02T10:00:01",
+    ],
+)
+def test_bad_timestamps(value: str) -> None:
+    """Only scontrol's own `%Y-%m-%dT%H:%M:%S`, not everything ISO 8601 allows."""
+    with pytest.raises(ScontrolParseError, match="bad timestamp"):
+        parse_timestamp(value, UTC)
+
+
+@pytest.mark.parametrize(
     ("tres", "gpus"),
     [
         ("cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1", {"a100": 1, "h100": 1}),

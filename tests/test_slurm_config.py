@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_hooks import slurmconf
+from slurm_hooks.hooks import SETTINGS_VARIABLE, HookConfig, load_config
 from slurm_hooks.slurm_cli import slurm
 from slurm_hooks.slurmconf import DEFAULT_HOOK_DIR, HOOKS, install, shim_name, slurm_conf_lines
 from tests.slurmbox import SlurmBox, parse_scontrol
@@ -93,10 +94,12 @@ def test_config_rejects_bad_input(args: list[str], message: str) -> None:
 
 @pytest.fixture
 def fake_exe(tmp_path: Path) -> Path:
-    """Stands in for gpucredit: prints its config and arguments."""
+    """Stands in for gpucredit: prints its config, arguments and the settings the shim passes."""
     exe = tmp_path / "bin" / "fake gpucredit"
     exe.parent.mkdir()
-    exe.write_text('#!/bin/sh\necho "CONFIG=$GPUCREDIT_CONFIG ARGS=$*"\n')
+    exe.write_text(
+        f'#!/bin/sh\necho "CONFIG=$GPUCREDIT_CONFIG ARGS=$*"\necho "SETTINGS=${SETTINGS_VARIABLE}"\n'
+    )
     exe.chmod(0o755)
     return exe
 
@@ -115,7 +118,75 @@ def test_install_writes_shims_and_job_submit(tmp_path: Path, fake_exe: Path) -> 
         assert stat.S_IMODE(shim.stat().st_mode) == 0o755
         # Slurm runs hooks with an empty environment: no PATH at all.
         out = subprocess.run([str(shim)], env={}, capture_output=True, text=True, check=True)
-        assert out.stdout == f"CONFIG={config} ARGS=hook {hook}\n"
+        # No config file: the hooks get the defaults, as they would reading a missing file.
+        assert out.stdout == f"CONFIG={config} ARGS=hook {hook}\nSETTINGS={{}}\n"
+
+
+def _shim_hook_config(shim: Path) -> HookConfig:
+    """What the real hook would load when Slurm runs `shim` (with the fake exe)."""
+    out = subprocess.run([str(shim)], env={}, capture_output=True, text=True, check=True).stdout
+    config_line, settings_line = out.splitlines()
+    environ = {
+        "GPUCREDIT_CONFIG": config_line.removeprefix("CONFIG=").rsplit(" ARGS=", 1)[0],
+        SETTINGS_VARIABLE: settings_line.removeprefix("SETTINGS="),
+    }
+    config, problems = load_config(environ)
+    assert problems == []
+    return config
+
+
+def test_install_copies_the_hook_settings_and_a_rerun_updates_them(tmp_path: Path, fake_exe: Path) -> None:
+    lua = tmp_path / "src.lua"
+    lua.write_text("return slurm.SUCCESS\n")
+    config = tmp_path / "gpucredit.toml"
+    config.write_text(
+        '[database]\nurl = "postgresql://gc:secret@db/gpucredit"\n'
+        '[daemon]\nsocket = "/run/one.sock"\ntimeout_seconds = 1.5\n'
+        '[policy]\non_ledger_unreachable = "accept"\n'
+        '[slurm]\ncluster = "lab"\nbin_dir = "/opt/slurm/bin"\n'
+        '[agent]\nspool_dir = "/var/spool/g/%n"\n[hooks]\nlog_file = "/var/log/g.log"\n'
+    )
+    args = (str(tmp_path / "etc"), str(tmp_path / "hooks"), str(fake_exe), str(config))
+    install(*args, job_submit_lua=str(lua))
+    shims = [tmp_path / "hooks" / shim_name(hook) for hook in HOOKS]
+    expected = HookConfig(
+        socket_path="/run/one.sock",
+        timeout_seconds=1.5,
+        on_ledger_unreachable="accept",
+        cluster="lab",
+        bin_dir="/opt/slurm/bin",
+        spool_dir="/var/spool/g/%n",
+        log_file="/var/log/g.log",
+    )
+    for shim in shims:
+        assert _shim_hook_config(shim) == expected
+        assert "secret" not in shim.read_text()  # only what the hooks read is copied
+
+    config.write_text('[daemon]\nsocket = "/run/two.sock"\n')
+    # The shims keep the copy they were given...
+    assert _shim_hook_config(shims[0]) == expected
+    # ...until install runs again, as the shim's comment says.
+    install(*args, job_submit_lua=str(lua))
+    assert "run `gpucredit slurm install` again" in shims[0].read_text()
+    for shim in shims:
+        assert _shim_hook_config(shim) == HookConfig(socket_path="/run/two.sock")
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[daemon]\nsocket = 1979-05-27\n", "a hook setting is not a string or number"),
+        ("[daemon\n", "Expected"),
+    ],
+)
+def test_install_refuses_a_config_it_cannot_copy(
+    tmp_path: Path, fake_exe: Path, toml: str, message: str
+) -> None:
+    config = tmp_path / "gpucredit.toml"
+    config.write_text(toml)
+    with pytest.raises(ValueError, match=message):
+        install(str(tmp_path), str(tmp_path / "h"), str(fake_exe), str(config), job_submit_lua=__file__)
+    assert not (tmp_path / "h").exists()  # nothing written
 
 
 def test_install_bumps_job_submit_mtime(tmp_path: Path, fake_exe: Path) -> None:
