@@ -21,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "holds": {"mode": "full", "grace_seconds": 600, "lease_seconds": 900},
     "meter": {"interval_seconds": 30, "on_exhausted": "cancel"},
     "daemon": {"socket": "/run/gpucredit/daemon.sock", "timeout_seconds": 2.0},
-    "policy": {"on_ledger_unreachable": "reject", "refund_node_fail": True},
+    "policy": {"on_ledger_unreachable": "reject", "refund_node_fail": True, "epilog_grace_seconds": 300},
     "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
     "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
     "portal": {"host": "127.0.0.1", "port": 8080},
