@@ -129,7 +129,8 @@ class Policy:
         grace = config.get("policy", {}).get("epilog_grace_seconds", cls.epilog_grace_seconds)
         if not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
             raise InvalidInput(
-                f"policy.epilog_grace_seconds must be a whole number >= 0, got {grace!r}", code="invalid_config"
+                f"policy.epilog_grace_seconds must be a whole number >= 0, got {grace!r}",
+                code="invalid_config",
             )
         return cls(refund_node_fail=value, epilog_grace_seconds=grace)
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from ledger import grants as _grants
 from ledger import holds as _holds
+from ledger import idempotency
 from ledger.accounts import (
     account_names,
     add_member,
@@ -46,7 +47,7 @@ from ledger.holds import (
     release_hold,
     settle_hold,
 )
-from ledger.journal import REVENUE, Leg, entries_t, post, verify
+from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
 from ledger.money import format_credits, parse_credits
 from ledger.prices import list_prices, set_price
 from ledger.quotes import quote
@@ -167,26 +168,42 @@ def adjust(
     links_entry_id: int,
     reason: str = "",
     at: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """Post a signed correction linked to an earlier charge.
-
-    A correction of a job run's charge goes through its hold (so refunds return to the
-    grants the run drew from); any other correction charges free credit (else debt) or
-    refunds as a new grant.
-    """
+    """Post a signed correction linked to an earlier charge (repeat-safe with a key)."""
     delta = parse_credits(amount, field="amount", allow_negative=True)
+    acct = lock_account(s, account)
+    request = {
+        "amount": delta,
+        "links_entry_id": links_entry_id,
+        "reason": reason,
+        "at": format_time(at) if at else None,
+    }
+    first = idempotency.replay(s, acct.id, idempotency_key, "adjust", request)
+    if first is not None:
+        return first
+    result = _adjust(s, acct, delta, links_entry_id, reason, at or utcnow())
+    idempotency.remember(s, acct.id, idempotency_key, "adjust", request, result)
+    return result
+
+
+def _adjust(
+    s: Session, acct: LockedAccount, delta: int, links_entry_id: int, reason: str, at: datetime
+) -> dict[str, Any]:
+    """A correction of a job run's charge goes through its hold (so refunds return to the
+    grants the run drew from); any other correction charges free credit (else debt) or
+    refunds as a new grant."""
+    account = acct.name
     linked = s.execute(
         select(entries_t.c.id, entries_t.c.account_id, entries_t.c.hold_id).where(
             entries_t.c.id == links_entry_id
         )
     ).first()
-    acct = lock_account(s, account)
     if linked is None or linked.account_id != acct.id:
         raise NotFound(
             f"entry {links_entry_id} of account {account} does not exist",
             details={"entry_id": links_entry_id, "account": account},
         )
-    at = at or utcnow()
     if linked.hold_id is not None:
         hold = get_hold(s, linked.hold_id)
         target = hold.charged_ucredits + delta

@@ -293,17 +293,30 @@ def consume_command(
 )
 @click.option("--reason", default="")
 @at_option
+@key_option
 @format_option
 @ledger_command
 def adjust_command(
-    account: str, amount: str, links_entry_id: int, reason: str, at: str | None, fmt: str
+    account: str,
+    amount: str,
+    links_entry_id: int,
+    reason: str,
+    at: str | None,
+    idempotency_key: str | None,
+    fmt: str,
 ) -> None:
     """Post a signed correction (+charge / -refund) linked to an earlier charge."""
     from ledger import api
 
     with transaction() as s:
         result = api.adjust(
-            s, account, amount, links_entry_id=links_entry_id, reason=reason, at=parse_time_option(at, "at")
+            s,
+            account,
+            amount,
+            links_entry_id=links_entry_id,
+            reason=reason,
+            at=parse_time_option(at, "at"),
+            idempotency_key=idempotency_key,
         )
     emit(result, "json" if fmt == "table" else fmt)
 

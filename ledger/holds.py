@@ -345,6 +345,22 @@ def _check_job(job_id: int, run: int) -> None:
         raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
 
 
+def _same_run(s: Session, cluster: str, job_id: int, run: int, digest: str) -> HoldState | None:
+    """The run's hold when this request repeats the one that made it; a different request
+    for a run that already has a hold is an `idempotency_conflict`."""
+    existing = find_hold(s, cluster, job_id, run)
+    if existing is None:
+        return None
+    stored = s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
+    if stored != digest:
+        raise Conflict(
+            f"job {cluster}/{job_id} run {run} already has a hold for a different request",
+            code="idempotency_conflict",
+            details={"hold_id": existing.id},
+        )
+    return existing
+
+
 def create_hold(
     s: Session,
     account_name: str,
@@ -380,17 +396,8 @@ def create_hold(
         "partition": partition,
     }
     digest = request_hash("hold", body)
-    existing = find_hold(s, cluster, job_id, run)
+    existing = _same_run(s, cluster, job_id, run, digest)
     if existing is not None:
-        if (
-            s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
-            != digest
-        ):
-            raise Conflict(
-                f"job {cluster}/{job_id} run {run} already holds credit for a different request",
-                code="idempotency_conflict",
-                details={"hold_id": existing.id},
-            )
         return existing
     rate, unit_prices = rate_for(s, gpu_map, partition, at)
     amount = charge_for(rate, seconds)
@@ -916,17 +923,8 @@ def record_unreserved_run(
         "partition": partition,
     }
     digest = request_hash("unreserved", body)
-    existing = find_hold(s, cluster, job_id, run)
+    existing = _same_run(s, cluster, job_id, run, digest)
     if existing is not None:
-        if (
-            s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
-            != digest
-        ):
-            raise Conflict(
-                f"job {cluster}/{job_id} run {run} already has a hold for a different request",
-                code="idempotency_conflict",
-                details={"hold_id": existing.id},
-            )
         return existing
     rate, unit_prices = rate_for(s, gpu_map, partition, started_at)
     amount = charge_for(rate, elapsed)
