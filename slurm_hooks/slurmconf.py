@@ -47,7 +47,20 @@ HOOKS: dict[str, str] = {
 # (a sibling package, both in a source checkout and once installed).
 PACKAGED_JOB_SUBMIT_LUA = Path(__file__).resolve().parent.parent / "job_submit" / "job_submit.lua"
 
-_SHIM_TEMPLATE = Path(__file__).resolve().parent / "templates" / "hook.sh"
+# One shim per hook; the @name@ placeholders are filled by render_shim.
+_SHIM_TEMPLATE = """#!/bin/sh
+# gpucredit @hook@ hook, written by `gpucredit slurm install`.
+# Slurm runs hooks with no PATH, so every path here is absolute.
+# GPUCREDIT_HOOK_SETTINGS is a copy of the config's hook settings (daemon socket and
+# timeout, policy, cluster, bin_dir, spool_dir, log_file) taken at install time, so
+# that no hook parses TOML on every job. To change them, edit the config and then
+# run `gpucredit slurm install` again (job_submit.lua needs that too). Without
+# GPUCREDIT_HOOK_SETTINGS the hook reads GPUCREDIT_CONFIG on every run.
+exec /usr/bin/env \\
+    GPUCREDIT_CONFIG=@config@ \\
+    GPUCREDIT_HOOK_SETTINGS=@settings@ \\
+    @exe@ hook @hook@
+"""
 _GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _PLACEHOLDER = re.compile(r"@[a-z_]+@")
 
@@ -132,12 +145,12 @@ def render_shim(hook: str, gpucredit_exe: str, config_path: str, settings: Mappi
         "config": shlex.quote(_require_absolute("config_path", config_path)),
         "settings": shlex.quote(settings_json),
     }
-    text = _SHIM_TEMPLATE.read_text()
+    text = _SHIM_TEMPLATE
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
     left = _PLACEHOLDER.search(text)
     if left:
-        raise ValueError(f"{_SHIM_TEMPLATE} has an unknown placeholder {left.group()}")
+        raise ValueError(f"the shim template has an unknown placeholder {left.group()}")
     return text
 
 
