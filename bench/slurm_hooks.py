@@ -48,8 +48,9 @@ def sbatch_times(count: int) -> tuple[list[float], list[str]]:
     return times, ids
 
 
-def prolog_times(job_id: str, runs: int) -> list[float]:
-    """The hook as PrologSlurmctld runs it: a fresh process, Slurm's environment, no PATH."""
+def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
+    """The hook as PrologSlurmctld runs it: its shim, a fresh process, Slurm's environment
+    and no PATH, against a running job (so its start time is parsed too)."""
     times = []
     for restart in range(runs):
         env = {
@@ -100,7 +101,11 @@ def main() -> None:
         ids += sbatch_times(5)[1]
         with_gpucredit, more = sbatch_times(args.submissions)
         ids += more
-        prolog = prolog_times(ids[-1], args.prolog_runs)
+        running = box.submit(["-A", "physics", "--gres=gpu:a100:1", "-t", "10", "--wrap", "sleep 600"])
+        ids.append(str(running))
+        box.wait_state(running, "RUNNING", timeout=60)
+        shim = str(Path(box.hook_dir) / "prolog_slurmctld.sh")
+        prolog = prolog_times(shim, str(running), args.prolog_runs)
     finally:
         box.use_hooks("gpucredit")
         if ids:
