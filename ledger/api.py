@@ -31,11 +31,9 @@ from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
 from ledger.holds import (
     ActiveRun,
-    CapOverrun,
     HoldState,
     adjust_hold,
     create_hold,
-    daily_cap_overruns,
     find_active_hold,
     find_hold,
     get_hold,
@@ -48,6 +46,7 @@ from ledger.holds import (
     settle_hold,
 )
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
+from ledger.limits import CapOverrun, daily_cap_overruns
 from ledger.money import format_credits, parse_credits
 from ledger.prices import list_prices, set_price
 from ledger.quotes import quote

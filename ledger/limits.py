@@ -1,0 +1,152 @@
+"""Limits checked when a hold is taken, and the daily caps the meter watches.
+
+Concurrent GPUs (user, account), spend rate (sum of active burn rates + the new one
+<= cap) and daily spend (spent today + held + the new hold <= cap). A refusal is a
+`LimitExceeded` naming the limit, the current value and the cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ledger.accounts import limits_of, limits_t
+from ledger.errors import LimitExceeded
+from ledger.journal import REVENUE, LockedAccount, entries_t, postings_t
+from ledger.models import Hold, table_of
+from ledger.money import format_credits, format_rate
+from ledger.timeutil import day_bounds
+
+holds_t = table_of(Hold)
+
+
+def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
+    """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
+    query = select(
+        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+        func.coalesce(func.sum(holds_t.c.amount_ucredits - holds_t.c.charged_ucredits), 0),
+    ).where(
+        holds_t.c.account_id == account_id,
+        holds_t.c.state == "active",
+        holds_t.c.amount_ucredits > holds_t.c.charged_ucredits,
+    )
+    gpus_q = select(
+        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+    ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
+    if user is not None:
+        query = query.where(holds_t.c.user == user)
+        gpus_q = gpus_q.where(holds_t.c.user == user)
+    gpus, rate = s.execute(gpus_q).one()
+    held = s.execute(query).one()[2]
+    return int(gpus), int(rate), int(held)
+
+
+def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
+    """Charges (net of refunds) effective on `at`'s UTC day."""
+    start, end = day_bounds(at)
+    query = (
+        select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(
+            entries_t.c.account_id == account_id,
+            postings_t.c.account_id == REVENUE,
+            entries_t.c.effective_at >= start,
+            entries_t.c.effective_at < end,
+        )
+    )
+    if user is not None:
+        query = query.where(entries_t.c.user == user)
+    return int(s.execute(query).scalar_one())
+
+
+def check_limits(
+    s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int, amount: int, at: datetime
+) -> None:
+    """Refuse a new hold that would break a user or account cap, naming value and cap."""
+    caps = limits_of(s, account.id, user)
+    for scope, who in (("user", user), ("account", None)):
+        limits = caps[who]
+        if limits == type(limits)():
+            continue
+        subject = f"user {user} in account {account.name}" if who else f"account {account.name}"
+        gpus_now, rate_now, held_now = _usage_of_active_holds(s, account.id, who)
+        if limits.max_gpus is not None and gpus_now + gpu_count > limits.max_gpus:
+            total_gpus = gpus_now + gpu_count
+            raise LimitExceeded(
+                "concurrent_gpus",
+                f"{subject}: {total_gpus} concurrent GPUs would exceed the cap of "
+                f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
+                {"limit": "concurrent_gpus", "scope": scope, "value": total_gpus, "cap": limits.max_gpus},
+            )
+        if limits.max_rate_ucredits_per_second is not None:
+            cap_per_hour = limits.max_rate_ucredits_per_second * 3600
+            if rate_now + rate > cap_per_hour:
+                value = format_rate(rate_now + rate)
+                cap = format_rate(cap_per_hour)
+                raise LimitExceeded(
+                    "spend_rate",
+                    f"{subject}: spend rate {value}/s would exceed the cap of {cap}/s",
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap},
+                )
+        if limits.daily_cap_ucredits is not None:
+            spent = spent_on_day(s, account.id, who, at)
+            value_u = spent + held_now + amount
+            if value_u > limits.daily_cap_ucredits:
+                value = format_credits(value_u)
+                cap = format_credits(limits.daily_cap_ucredits)
+                raise LimitExceeded(
+                    "daily_cap",
+                    f"{subject}: {value} credits today would exceed the daily cap "
+                    f"of {cap} ({format_credits(spent)} spent + "
+                    f"{format_credits(held_now)} held + {format_credits(amount)} "
+                    "for this job)",
+                    {
+                        "limit": "daily_cap",
+                        "scope": scope,
+                        "value": value,
+                        "cap": cap,
+                        "spent": format_credits(spent),
+                        "held": format_credits(held_now),
+                        "requested": format_credits(amount),
+                    },
+                )
+
+
+@dataclass(frozen=True)
+class CapOverrun:
+    """A daily cap that today's charges already exceed (scope 'user' or 'account')."""
+
+    scope: str
+    user: str | None
+    spent_ucredits: int
+    cap_ucredits: int
+
+
+def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: datetime) -> list[CapOverrun]:
+    """The account's daily cap and those of `users` that charges on `at`'s day exceed.
+
+    Reserve checks spent + held + new <= cap, and a provisional charge only moves credit
+    from held to spent, so in full mode a cap is crossed only by a run past its hold or
+    by a charge the bridge adds; in lease mode this is what refuses a renewal. One query
+    finds the caps; today's spend is summed only for scopes that have one.
+    """
+    wanted = set(users)
+    overruns: list[CapOverrun] = []
+    caps = s.execute(
+        select(limits_t.c.user, limits_t.c.daily_cap_ucredits).where(
+            limits_t.c.account_id == account_id, limits_t.c.daily_cap_ucredits.is_not(None)
+        )
+    ).all()
+    for user, cap in sorted(caps, key=lambda row: (row.user is not None, row.user or "")):
+        if user is not None and user not in wanted:
+            continue
+        spent = spent_on_day(s, account_id, user, at)
+        if spent > cap:
+            overruns.append(CapOverrun("user" if user else "account", user, spent, cap))
+    return overruns
