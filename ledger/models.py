@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -172,6 +173,13 @@ class Hold(Base):
         CheckConstraint("state IN ('active', 'settled', 'released', 'expired')", name="state"),
         CheckConstraint("amount_ucredits >= 0 AND charged_ucredits >= 0", name="amounts"),
         Index(None, "account_id", "state"),
+        # The meter and the sweep read every active hold each tick (migration 0003).
+        Index(
+            "ix_holds_active",
+            "id",
+            postgresql_where=text("state = 'active'"),
+            sqlite_where=text("state = 'active'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
