@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import socketserver
 import subprocess
 import sys
-import tempfile
-import threading
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,59 +34,15 @@ from slurm_hooks.hooks import (
     registry_path,
     run_command,
 )
+from tests.fakedaemon import CLOSE, HANG, FakeDaemon, Responder
+from tests.fakedaemon import fake_daemon as fake_daemon
+from tests.fakedaemon import sockdir as sockdir
 
 NOW = datetime(2026, 12, 2, 10, 30, 0, tzinfo=UTC)
 SCONTROL = "/usr/bin/scontrol"
 
-HANG = object()  # responder result: never answer
-CLOSE = object()  # responder result: close without answering
-
-Responder = Callable[[dict[str, Any]], Any]
-
 
 # --- the fake daemon ---------------------------------------------------------------------
-
-
-class FakeDaemon:
-    """A threaded Unix-socket server; `responder(request)` decides each reply."""
-
-    def __init__(self, path: str, responder: Responder) -> None:
-        self.path = path
-        self.responder = responder
-        self.requests: list[dict[str, Any]] = []
-        self.release = threading.Event()
-        daemon = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                for raw in self.rfile:
-                    request = json.loads(raw)
-                    daemon.requests.append(request)
-                    reply = daemon.responder(request)
-                    if reply is HANG:
-                        daemon.release.wait(10)
-                        return
-                    if reply is CLOSE:
-                        return
-                    if not isinstance(reply, bytes):
-                        reply = (json.dumps(reply, ensure_ascii=True) + "\n").encode()
-                    self.wfile.write(reply)
-                    self.wfile.flush()
-                    if not reply.endswith(b"\n"):
-                        return  # a reply without its newline: close right after it
-
-        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 def ok(result: dict[str, Any]) -> dict[str, Any]:
@@ -98,30 +51,6 @@ def ok(result: dict[str, Any]) -> dict[str, Any]:
 
 def refused(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"ok": False, "error": {"code": code, "message": message, "details": details}}
-
-
-@pytest.fixture
-def sockdir(tmp_path: Path) -> Iterator[Path]:
-    # AF_UNIX paths are limited to ~107 bytes; long test names make tmp_path longer.
-    if len(str(tmp_path / "daemon.sock")) < 100:
-        yield tmp_path
-        return
-    with tempfile.TemporaryDirectory(prefix="gc-", dir="/tmp") as short:
-        yield Path(short)
-
-
-@pytest.fixture
-def fake_daemon(sockdir: Path) -> Iterator[Callable[[Responder], FakeDaemon]]:
-    started: list[FakeDaemon] = []
-
-    def start(responder: Responder) -> FakeDaemon:
-        daemon = FakeDaemon(str(sockdir / "daemon.sock"), responder)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.stop()
 
 
 def hold_object(**overrides: Any) -> dict[str, Any]:

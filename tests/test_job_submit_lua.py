@@ -11,19 +11,19 @@ with a hint where they are missing, a failure under CI (env CI set).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socketserver
 import subprocess
-import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fakedaemon import HANG, FakeDaemon, Responder
+from tests.fakedaemon import fake_daemon as fake_daemon
+from tests.fakedaemon import sockdir as sockdir
 
 SCRIPT = Path(__file__).resolve().parent.parent / "job_submit" / "job_submit.lua"
 NO_VAL = 4294967294
@@ -32,9 +32,6 @@ UNAVAILABLE = (
     "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy; "
     "try again shortly or contact your admin"
 )
-HANG = object()
-
-Responder = Callable[[dict[str, Any]], Any]
 
 
 def _lua_problem() -> str | None:
@@ -64,67 +61,6 @@ def lua_available() -> None:
 
 
 # --- fake daemon -----------------------------------------------------------------------
-
-
-class FakeDaemon:
-    def __init__(self, path: str, responder: Responder) -> None:
-        self.path = path
-        self.responder = responder
-        self.requests: list[dict[str, Any]] = []
-        self.raw_requests: list[bytes] = []
-        self.release = threading.Event()
-        daemon = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                for raw in self.rfile:
-                    daemon.raw_requests.append(raw)
-                    request = json.loads(raw)
-                    daemon.requests.append(request)
-                    reply = daemon.responder(request)
-                    if reply is HANG:
-                        daemon.release.wait(10)
-                        return
-                    if not isinstance(reply, bytes):
-                        reply = (json.dumps(reply, ensure_ascii=True) + "\n").encode()
-                    self.wfile.write(reply)
-                    self.wfile.flush()
-
-        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-
-@pytest.fixture
-def sockdir(tmp_path: Path) -> Iterator[Path]:
-    if len(str(tmp_path / "daemon.sock")) < 100:
-        yield tmp_path
-        return
-    with tempfile.TemporaryDirectory(prefix="gc-", dir="/tmp") as short:
-        yield Path(short)
-
-
-@pytest.fixture
-def fake_daemon(sockdir: Path) -> Iterator[Callable[[Responder], FakeDaemon]]:
-    started: list[FakeDaemon] = []
-
-    def start(responder: Responder) -> FakeDaemon:
-        daemon = FakeDaemon(str(sockdir / "daemon.sock"), responder)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.stop()
 
 
 def decision(verdict: str, message: str) -> dict[str, Any]:
