@@ -230,6 +230,23 @@ def _same_run(s: Session, cluster: str, job_id: int, run: int, digest: str) -> H
     return existing
 
 
+def _new_hold(s: Session, account: LockedAccount, request_hash: str, **fields: Any) -> HoldState:
+    """Insert an active hold with nothing charged yet; the state is built, not read back."""
+    values = {
+        "account_id": account.id,
+        "charged_ucredits": 0,
+        "charged_seconds": 0,
+        "debt_ucredits": 0,
+        "state": "active",
+        "resolved_at": None,
+        **fields,
+    }
+    hold_id = s.execute(
+        insert(holds_t).values(**values, request_hash=request_hash).returning(holds_t.c.id)
+    ).scalar_one()
+    return HoldState(id=hold_id, account=account.name, **values)
+
+
 def create_hold(
     s: Session,
     account_name: str,
@@ -289,32 +306,24 @@ def create_hold(
         raise RuntimeError("available credit was computed but could not be earmarked")
     started_at = started_at or at
     expires_at = started_at + timedelta(seconds=seconds + grace_seconds)
-    hold_id = s.execute(
-        insert(holds_t)
-        .values(
-            account_id=account.id,
-            user=user,
-            cluster=cluster,
-            job_id=job_id,
-            run=run,
-            partition=partition,
-            gpus=format_gpus(gpu_map),
-            gpu_count=gpu_count,
-            unit_prices=format_gpus(unit_prices),
-            rate_ucredits_per_hour=rate,
-            limit_seconds=seconds,
-            amount_ucredits=amount,
-            charged_ucredits=0,
-            charged_seconds=0,
-            debt_ucredits=0,
-            state="active",
-            started_at=started_at,
-            expires_at=expires_at,
-            resolved_at=None,
-            request_hash=digest,
-        )
-        .returning(holds_t.c.id)
-    ).scalar_one()
+    hold = _new_hold(
+        s,
+        account,
+        digest,
+        user=user,
+        cluster=cluster,
+        job_id=job_id,
+        run=run,
+        partition=partition,
+        gpus=format_gpus(gpu_map),
+        gpu_count=gpu_count,
+        unit_prices=format_gpus(unit_prices),
+        rate_ucredits_per_hour=rate,
+        limit_seconds=seconds,
+        amount_ucredits=amount,
+        started_at=started_at,
+        expires_at=expires_at,
+    )
     post(
         s,
         account,
@@ -322,7 +331,7 @@ def create_hold(
         at,
         legs,
         user=user,
-        hold_id=hold_id,
+        hold_id=hold.id,
         memo={"job": f"{cluster}/{job_id}/{run}", "gpus": format_gpus(gpu_map), "seconds": seconds},
     )
     earmarks = [(leg.grant_id, leg.amount_ucredits) for leg in legs if leg.bucket == "held"]
@@ -330,35 +339,12 @@ def create_hold(
         s.execute(
             insert(allocations_t),
             [
-                {"hold_id": hold_id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
+                {"hold_id": hold.id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
                 for g, a in earmarks
             ],
         )
     save_grants(s, grants)
-    # The row just written, without reading it back (one round trip less per job).
-    return HoldState(
-        id=hold_id,
-        account_id=account.id,
-        account=account.name,
-        user=user,
-        cluster=cluster,
-        job_id=job_id,
-        run=run,
-        partition=partition,
-        gpus=format_gpus(gpu_map),
-        unit_prices=format_gpus(unit_prices),
-        gpu_count=gpu_count,
-        rate_ucredits_per_hour=rate,
-        limit_seconds=seconds,
-        amount_ucredits=amount,
-        charged_ucredits=0,
-        charged_seconds=0,
-        debt_ucredits=0,
-        state="active",
-        started_at=started_at,
-        expires_at=expires_at,
-        resolved_at=None,
-    )
+    return hold
 
 
 # -- charges ----------------------------------------------------------------------------------
@@ -798,36 +784,28 @@ def record_unreserved_run(
     rate, unit_prices = rate_for(s, gpu_map, partition, started_at)
     amount = charge_for(rate, elapsed)
     ended_at = started_at + timedelta(seconds=elapsed)
-    hold_id = s.execute(
-        insert(holds_t)
-        .values(
-            account_id=account.id,
-            user=user,
-            cluster=cluster,
-            job_id=job_id,
-            run=run,
-            partition=partition,
-            gpus=format_gpus(gpu_map),
-            gpu_count=sum(gpu_map.values()),
-            unit_prices=format_gpus(unit_prices),
-            rate_ucredits_per_hour=rate,
-            limit_seconds=elapsed,
-            amount_ucredits=amount,
-            charged_ucredits=0,
-            charged_seconds=0,
-            debt_ucredits=0,
-            state="active",  # for the moment it takes `_apply` below to settle it
-            started_at=started_at,
-            expires_at=ended_at,
-            resolved_at=None,
-            request_hash=digest,
-        )
-        .returning(holds_t.c.id)
-    ).scalar_one()
+    hold = _new_hold(
+        s,
+        account,
+        digest,
+        user=user,
+        cluster=cluster,
+        job_id=job_id,
+        run=run,
+        partition=partition,
+        gpus=format_gpus(gpu_map),
+        gpu_count=sum(gpu_map.values()),
+        unit_prices=format_gpus(unit_prices),
+        rate_ucredits_per_hour=rate,
+        limit_seconds=elapsed,
+        amount_ucredits=amount,
+        started_at=started_at,
+        expires_at=ended_at,  # active only until `_apply` below settles it
+    )
     return _apply(
         s,
         account,
-        get_hold(s, hold_id),
+        hold,
         kind="settle",
         at=ended_at,
         target_ucredits=amount,
