@@ -7,10 +7,6 @@ so it is dispatched before click (or anything heavier) is imported.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,46 +31,25 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _build() -> object:
+    """The root group: the ledger's commands, then each package's sub-group."""
     import click
 
-    from ledger.cli import COMMANDS
+    from accounting_bridge.agent import agent_command
+    from accounting_bridge.associations import import_slurm_command
+    from accounting_bridge.cli import bridge
+    from accounting_bridge.meter import meter_command
+    from ledger.cli import COMMANDS, account_group
+    from slurm_hooks.slurm_cli import slurm
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     def root() -> None:
         """Prepaid GPU credits for Slurm clusters."""
 
-    from accounting_bridge.associations import import_slurm_command
-    from ledger.cli import account_group
-
     account_group.add_command(import_slurm_command)
-    for command in COMMANDS:
-        root.add_command(command)
-    root.add_command(_daemon_command())  # type: ignore[arg-type]
-    for loader in (_slurm_commands, _bridge_commands, _portal_commands):
-        for command in loader():
-            root.add_command(command)
-    return root
-
-
-def _slurm_commands() -> list[Any]:
-    try:
-        from slurm_hooks.slurm_cli import slurm
-    except ImportError:
-        return []
-    return [slurm]
-
-
-def _bridge_commands() -> list[Any]:
-    from accounting_bridge.agent import agent_command
-    from accounting_bridge.cli import bridge
-    from accounting_bridge.meter import meter_command
-
     bridge.add_command(meter_command)
-    return [bridge, agent_command]
-
-
-def _portal_commands() -> list[Any]:
-    return []
+    for command in [*COMMANDS, slurm, bridge, agent_command, _daemon_command()]:
+        root.add_command(command)  # type: ignore[arg-type]
+    return root
 
 
 def cli(args: list[str], prog_name: str) -> None:

@@ -64,8 +64,10 @@ class Daemon:
             "submit": self._submit,
             "hold": self._hold,
             "settle": self._in_tx(service.settle),
-            "job_started": lambda request: {"recorded": True},
-            "job_ended": lambda request: {"recorded": True},
+            # Node hooks announce GPU registrations; the agent reads the registry files
+            # themselves, so the daemon only acknowledges these.
+            "job_started": lambda request: {},
+            "job_ended": lambda request: {},
         }
 
     def _in_tx(self, func: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:

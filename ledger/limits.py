@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_of, limits_t
@@ -26,24 +26,15 @@ holds_t = table_of(Hold)
 
 def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
     """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
+    uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
     query = select(
         func.coalesce(func.sum(holds_t.c.gpu_count), 0),
         func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
-        func.coalesce(func.sum(holds_t.c.amount_ucredits - holds_t.c.charged_ucredits), 0),
-    ).where(
-        holds_t.c.account_id == account_id,
-        holds_t.c.state == "active",
-        holds_t.c.amount_ucredits > holds_t.c.charged_ucredits,
-    )
-    gpus_q = select(
-        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
-        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+        func.coalesce(func.sum(case((uncharged > 0, uncharged), else_=0)), 0),
     ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
     if user is not None:
         query = query.where(holds_t.c.user == user)
-        gpus_q = gpus_q.where(holds_t.c.user == user)
-    gpus, rate = s.execute(gpus_q).one()
-    held = s.execute(query).one()[2]
+    gpus, rate, held = s.execute(query).one()
     return int(gpus), int(rate), int(held)
 
 
