@@ -92,7 +92,7 @@ KNOWN_KEYS = FREE_TEXT_KEYS | frozenset(
 # Keys the hooks rely on: each must occur at most once (see module docstring).
 UNIQUE_KEYS = frozenset(
     {
-        "JobId", "UserId", "Account", "JobState", "Restarts", "TimeLimit", "StartTime",
+        "JobId", "UserId", "Account", "JobState", "Restarts", "TimeLimit", "SubmitTime", "StartTime",
         "EndTime", "Partition", "NodeList", "NumNodes", "TRES", "JOB_GRES", "MinCPUsNode",
     }
 )  # fmt: skip
@@ -127,7 +127,8 @@ class JobInfo:
 
     __slots__ = (
         "account", "end_time", "fields", "gpus", "job_id", "node_gpus", "node_list", "num_nodes",
-        "partition", "restarts", "start_time", "state", "time_limit_seconds", "uid", "user",
+        "partition", "restarts", "start_time", "state", "submit_time", "time_limit_seconds", "uid",
+        "user",
     )  # fmt: skip
 
     def __init__(
@@ -145,6 +146,7 @@ class JobInfo:
         time_limit_seconds: int | None,
         start_time: datetime | None,
         end_time: datetime | None,
+        submit_time: datetime | None = None,
         gpus: dict[str, int] | None = None,
         node_gpus: dict[str, dict[int, str]] | None = None,
         fields: dict[str, str] | None = None,
@@ -161,6 +163,9 @@ class JobInfo:
         self.time_limit_seconds = time_limit_seconds
         self.start_time = start_time
         self.end_time = end_time
+        # This attempt's SubmitTime: Slurm resets it on every requeue, and a reused job
+        # id gets a new one, so (cluster, job_id, run, submit_time) names one attempt.
+        self.submit_time = submit_time
         self.gpus: dict[str, int] = {} if gpus is None else gpus
         self.node_gpus: dict[str, dict[int, str]] = {} if node_gpus is None else node_gpus
         self.fields: dict[str, str] = {} if fields is None else fields
@@ -496,6 +501,7 @@ def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) ->
         time_limit_seconds=parse_time_limit(fields.get("TimeLimit")),
         start_time=parse_timestamp(fields.get("StartTime"), tz),
         end_time=parse_timestamp(fields.get("EndTime"), tz),
+        submit_time=parse_timestamp(fields.get("SubmitTime"), tz),
         gpus=gpus,
         node_gpus=_node_groups(pairs),
         fields=fields,
