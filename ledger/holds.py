@@ -6,7 +6,11 @@ charge to the cost of its cumulative seconds, rounded once, drawing first from t
 hold's own earmarks and the free part of grants active at the charge's effective
 time (so expiring credit goes first), never from another hold's earmarks; what
 cannot be drawn is recorded as debt. Settling releases what is left of the hold.
-A run is `(cluster, job_id, run)`; a repeat of the same request returns the hold.
+A run is one attempt of one job incarnation, `(cluster, job_id, run, submitted_at)`:
+Slurm reuses job ids and resets SubmitTime on every requeue, so the attempt's submit
+time keeps a new job with an old id from matching the old job's holds. Callers
+without a submit time (CLI, HTTP API) get UNKNOWN_SUBMIT and are told apart by run.
+A repeat of the same request returns the hold.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from ledger.journal import (
     post_many,
 )
 from ledger.limits import check_limits
-from ledger.models import Hold, HoldAllocation, table_of
+from ledger.models import UNKNOWN_SUBMIT, Hold, HoldAllocation, table_of
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.prices import format_gpus, parse_gpus, rate_for
 from ledger.timeutil import format_time, parse_seconds, utcnow
@@ -65,6 +69,7 @@ class HoldState:
     cluster: str
     job_id: int
     run: int
+    submitted_at: datetime
     partition: str | None
     gpus: str
     unit_prices: str
@@ -88,6 +93,7 @@ class HoldState:
             "cluster": self.cluster,
             "job_id": self.job_id,
             "run": self.run,
+            "submitted_at": None if self.submitted_at == UNKNOWN_SUBMIT else format_time(self.submitted_at),
             "state": self.state,
             "amount": format_credits(self.amount_ucredits),
             "charged": format_credits(self.charged_ucredits),
@@ -130,19 +136,39 @@ def get_hold(s: Session, hold_id: int) -> HoldState:
     return _to_state(row)
 
 
-def find_hold(s: Session, cluster: str, job_id: int, run: int) -> HoldState | None:
+def find_hold(
+    s: Session, cluster: str, job_id: int, run: int, submitted_at: datetime | None = None
+) -> HoldState | None:
+    """The hold of one attempt; `submitted_at` None means UNKNOWN_SUBMIT (CLI, API)."""
     row = s.execute(
-        _hold_query().where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.run == run)
+        _hold_query().where(
+            holds_t.c.cluster == cluster,
+            holds_t.c.job_id == job_id,
+            holds_t.c.run == run,
+            holds_t.c.submitted_at == (submitted_at or UNKNOWN_SUBMIT),
+        )
     ).first()
     return None if row is None else _to_state(row)
 
 
+def find_job_holds(s: Session, cluster: str, job_id: int) -> list[HoldState]:
+    """Every hold ever taken under this job id, newest first: several job incarnations
+    and several attempts each may share it."""
+    query = _hold_query().where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id)
+    return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id.desc()).limit(1000))]
+
+
 def find_active_hold(s: Session, cluster: str, job_id: int) -> HoldState | None:
-    """The job's one active hold, whatever its run (a job runs once at a time)."""
+    """The job's active hold, whatever its run (a job runs once at a time).
+
+    Two are active only when an old job with this id lost its epilog and a new job
+    reused the id before the old hold expired: the newest is the running job's (the
+    old one expires on its own).
+    """
     row = s.execute(
         _hold_query()
         .where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == "active")
-        .order_by(holds_t.c.run.desc())
+        .order_by(holds_t.c.id.desc())
         .limit(1)
     ).first()
     return None if row is None else _to_state(row)
@@ -169,6 +195,7 @@ class ActiveRun(NamedTuple):
     run: int
     charged_seconds: int
     expires_at: datetime
+    submitted_at: datetime  # UNKNOWN_SUBMIT when the hold's caller had none
 
 
 def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
@@ -182,6 +209,7 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
             holds_t.c.run,
             holds_t.c.charged_seconds,
             holds_t.c.expires_at,
+            holds_t.c.submitted_at,
         )
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
         .where(holds_t.c.state == "active")
@@ -214,10 +242,21 @@ def _check_job(job_id: int, run: int) -> None:
         raise InvalidInput(f"run {run!r} must be a whole number >= 0", code="invalid_job")
 
 
-def _same_run(s: Session, cluster: str, job_id: int, run: int, digest: str) -> HoldState | None:
-    """The run's hold when this request repeats the one that made it; a different request
-    for a run that already has a hold is an `idempotency_conflict`."""
-    existing = find_hold(s, cluster, job_id, run)
+def _submit_time(submitted_at: datetime | None) -> datetime:
+    if submitted_at is None:
+        return UNKNOWN_SUBMIT
+    if submitted_at.tzinfo is None:
+        raise InvalidInput("the attempt's submit time must carry a time zone", code="invalid_time")
+    # Slurm's times are whole seconds; a fraction would make a repeat look like a new job.
+    return submitted_at.replace(microsecond=0)
+
+
+def _same_run(
+    s: Session, cluster: str, job_id: int, run: int, submitted_at: datetime, digest: str
+) -> HoldState | None:
+    """The attempt's hold when this request repeats the one that made it; a different
+    request for an attempt that already has a hold is an `idempotency_conflict`."""
+    existing = find_hold(s, cluster, job_id, run, submitted_at)
     if existing is None:
         return None
     stored = s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
@@ -261,17 +300,20 @@ def create_hold(
     at: datetime | None = None,
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
     started_at: datetime | None = None,
+    submitted_at: datetime | None = None,
 ) -> HoldState:
     """Reserve credit for one run at effective time `at` (grants active then).
 
     `started_at` is when the run began by the scheduler's clock (default `at`); charges
     count seconds from it. Slurm's StartTime is whole seconds, so it can precede a
     top-up made a moment before submission: the credit check uses `at`, not it.
+    `submitted_at` is Slurm's SubmitTime of this attempt (see the module docstring).
     """
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
     seconds = parse_seconds(seconds, field="seconds")
     _check_job(job_id, run)
+    submitted_at = _submit_time(submitted_at)
     at = at or utcnow()
     account = lock_account(s, account_name)
     body = {
@@ -282,7 +324,7 @@ def create_hold(
         "partition": partition,
     }
     digest = request_hash("hold", body)
-    existing = _same_run(s, cluster, job_id, run, digest)
+    existing = _same_run(s, cluster, job_id, run, submitted_at, digest)
     if existing is not None:
         return existing
     rate, unit_prices = rate_for(s, gpu_map, partition, at)
@@ -314,6 +356,7 @@ def create_hold(
         cluster=cluster,
         job_id=job_id,
         run=run,
+        submitted_at=submitted_at,
         partition=partition,
         gpus=format_gpus(gpu_map),
         gpu_count=gpu_count,
@@ -752,6 +795,7 @@ def record_unreserved_run(
     started_at: datetime,
     elapsed_seconds: int | str,
     partition: str | None = None,
+    submitted_at: datetime | None = None,
 ) -> HoldState:
     """Charge a run that no hook reserved (a hook outage), once.
 
@@ -759,13 +803,14 @@ def record_unreserved_run(
     charged at the prices in force at its start and may leave debt. It is recorded as
     a hold created already settled (one 'settle' entry, effective at the run's end),
     so a later correction goes through `adjust_hold` like any other run's.
-    Idempotent on (cluster, job_id, run): a repeat returns the hold; a repeat with
-    other fields, or a run the hooks already hold, is an `idempotency_conflict`.
+    Idempotent on the attempt: a repeat returns the hold; a repeat with other fields,
+    or an attempt the hooks already hold, is an `idempotency_conflict`.
     """
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
     elapsed = parse_seconds(elapsed_seconds, field="elapsed")
     _check_job(job_id, run)
+    submitted_at = _submit_time(submitted_at)
     if started_at.tzinfo is None:
         raise InvalidInput("the run's start must carry a time zone", code="invalid_time")
     account = lock_account(s, account_name)
@@ -778,7 +823,7 @@ def record_unreserved_run(
         "partition": partition,
     }
     digest = request_hash("unreserved", body)
-    existing = _same_run(s, cluster, job_id, run, digest)
+    existing = _same_run(s, cluster, job_id, run, submitted_at, digest)
     if existing is not None:
         return existing
     rate, unit_prices = rate_for(s, gpu_map, partition, started_at)
@@ -792,6 +837,7 @@ def record_unreserved_run(
         cluster=cluster,
         job_id=job_id,
         run=run,
+        submitted_at=submitted_at,
         partition=partition,
         gpus=format_gpus(gpu_map),
         gpu_count=sum(gpu_map.values()),

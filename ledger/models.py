@@ -53,6 +53,10 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 Ucredits = Annotated[int, mapped_column(BigInteger)]
 Timestamp = Annotated[datetime, mapped_column(UTCDateTime())]
+# The submit time of a job attempt whose caller did not know it (the CLI, the HTTP API,
+# rows written before migration 0004): such attempts are told apart by run alone.
+UNKNOWN_SUBMIT = datetime(1970, 1, 1, tzinfo=UTC)
+_UNKNOWN_SUBMIT_SQL = text("'1970-01-01 00:00:00'")
 Name = Annotated[str, mapped_column(String(128))]
 
 NAMING = {
@@ -169,7 +173,9 @@ class Hold(Base):
 
     __tablename__ = "holds"
     __table_args__ = (
-        UniqueConstraint("cluster", "job_id", "run"),
+        # One attempt of one job incarnation: Slurm reuses job ids, and resets SubmitTime
+        # on every requeue, so the attempt's submit time tells two jobs with one id apart.
+        UniqueConstraint("cluster", "job_id", "run", "submitted_at"),
         CheckConstraint("state IN ('active', 'settled', 'released', 'expired')", name="state"),
         CheckConstraint("amount_ucredits >= 0 AND charged_ucredits >= 0", name="amounts"),
         Index(None, "account_id", "state"),
@@ -188,6 +194,8 @@ class Hold(Base):
     cluster: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[int] = mapped_column(BigInteger)
     run: Mapped[int] = mapped_column(Integer)
+    # Slurm's SubmitTime of this attempt; UNKNOWN_SUBMIT when the caller had none (CLI, API).
+    submitted_at: Mapped[Timestamp] = mapped_column(server_default=_UNKNOWN_SUBMIT_SQL)
     partition: Mapped[str | None] = mapped_column(String(128), nullable=True)
     gpus: Mapped[str] = mapped_column(String(256))
     unit_prices: Mapped[str] = mapped_column(String(512))
@@ -290,12 +298,17 @@ class JobRun(Base):
     """
 
     __tablename__ = "job_runs"
-    __table_args__ = (UniqueConstraint("cluster", "job_id", "run"), Index(None, "account", "end_at"))
+    __table_args__ = (
+        UniqueConstraint("cluster", "job_id", "run", "submitted_at"),
+        Index(None, "account", "end_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     cluster: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[int] = mapped_column(BigInteger)
     run: Mapped[int] = mapped_column(Integer)
+    # sacct's Submit of this attempt (see Hold.submitted_at).
+    submitted_at: Mapped[Timestamp] = mapped_column(server_default=_UNKNOWN_SUBMIT_SQL)
     display_id: Mapped[str] = mapped_column(String(64))
     account: Mapped[Name]
     user: Mapped[Name]

@@ -483,6 +483,8 @@ class _Hook:
             "gpus": dict(sorted(job.gpus.items())),
             "seconds": job.time_limit_seconds,
             "start": _iso(job.start_time) if job.start_time is not None else None,
+            # With the run, this names the attempt: job ids are reused, SubmitTime is not.
+            "submit": _iso(job.submit_time) if job.submit_time is not None else None,
             "nodes": job.num_nodes or _int_env(self.environ, "SLURM_JOB_NUM_NODES") or 1,
         }
         try:
@@ -512,6 +514,7 @@ class _Hook:
     def epilog_slurmctld(self) -> int:
         start: datetime | None = None
         end: datetime | None = None
+        submit: datetime | None = None
         note = ""
         try:
             job = self.show_job()
@@ -521,7 +524,7 @@ class _Hook:
             if not job.gpus:
                 self.log("no GPUs; nothing to settle")
                 return 0
-            start, end = job.start_time, job.end_time
+            start, end, submit = job.start_time, job.end_time, job.submit_time
         now = self.now()
         # EpilogSlurmctld sees COMPLETING with the real EndTime; never settle
         # a run as ending in the future.
@@ -537,6 +540,8 @@ class _Hook:
             "run": self.run_index,
             "start": _iso(start) if start is not None else None,
             "end": _iso(end),
+            # Picks this job's hold if an old job with the same id left one active.
+            "submit": _iso(submit) if submit is not None else None,
         }
         try:
             hold = self.client().call("settle", **request)

@@ -47,6 +47,8 @@ def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[
         at=utcnow(),
         # Slurm's StartTime of this run, which the prolog sends: settle measures from it.
         started_at=_time(request.get("start")),
+        # Slurm's SubmitTime of this attempt: a new job that reuses an old id is not the old job.
+        submitted_at=_time(request.get("submit")),
         grace_seconds=grace_seconds,
     )
     return created.as_dict()
@@ -60,7 +62,9 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
     run the epilog names; a repeat for an already settled run replays its result.
     """
     cluster, job_id, run = str(request["cluster"]), int(request["job_id"]), int(request.get("run", 0))
-    found = api.find_active_hold(s, cluster, job_id) or api.find_hold(s, cluster, job_id, run)
+    submitted_at = _time(request.get("submit"))
+    found = api.find_active_hold(s, cluster, job_id)
+    found = found or _resolved_attempt(s, cluster, job_id, run, submitted_at)
     if found is None:
         raise NotFound(f"no hold for job {cluster}/{job_id} run {run}", details={"job_id": job_id})
     # The hold started at Slurm's StartTime of this run (sent by the prolog); the
@@ -70,6 +74,16 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
     end = _time(request.get("end")) or utcnow()
     elapsed = max(0, int((end - start).total_seconds()))
     return api.settle_hold(s, found.id, elapsed, end).as_dict()
+
+
+def _resolved_attempt(
+    s: Session, cluster: str, job_id: int, run: int, submitted_at: datetime | None
+) -> api.HoldState | None:
+    """The hold a repeated epilog replays: its own attempt's, never an older job's with the
+    same id; without a submit time (an old client), the newest hold of that run."""
+    if submitted_at is not None:
+        return api.find_hold(s, cluster, job_id, run, submitted_at)
+    return next((h for h in api.find_job_holds(s, cluster, job_id) if h.run == run), None)
 
 
 def _time(value: Any) -> datetime | None:

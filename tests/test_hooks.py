@@ -379,6 +379,7 @@ def test_prolog_slurmctld_takes_a_hold(
             "gpus": {"a100": 1, "h100": 1},
             "seconds": 900,
             "start": "2026-12-02T10:00:01Z",
+            "submit": "2026-12-02T10:00:00Z",
             "nodes": 1,
         }
     ]
@@ -573,6 +574,7 @@ def test_epilog_slurmctld_settles_with_the_runs_real_times(
             "run": 0,
             "start": "2026-12-02T10:00:01Z",
             "end": "2026-12-02T10:09:01Z",
+            "submit": "2026-12-02T10:00:00Z",
         }
     ]
     assert lines == [

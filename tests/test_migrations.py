@@ -15,5 +15,5 @@ def test_migrations_match_the_models(db_url: str) -> None:
     engine = make_engine(db_url)
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
-    assert upgrade(engine) == "0003"  # already at head: nothing to do, same revision
+    assert upgrade(engine) == "0004"  # already at head: nothing to do, same revision
     engine.dispose()
