@@ -237,7 +237,7 @@ def not_final_reason(run: SacctRun) -> str | None:
     if not run.finished:
         return f"{run.state} is not a final state"
     # For ~2.5 s after a short job ends, sacct can show a half-written allocation
-    # record (JobName "allocation", Partition and ReqTRES empty; tests/slurmbox.py).
+    # record (JobName "allocation", Partition and ReqTRES empty; docs/slurm-facts.md §10).
     if not run.partition:
         return "half-written accounting record (no partition yet)"
     return None

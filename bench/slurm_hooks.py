@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.slurmbox import SlurmBox, run
+from slurmbox import SlurmBox, run
 
 GPUCREDIT = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucredit")
 CONFIG = os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml")

@@ -1,8 +1,8 @@
 """The slurm.conf lines gpucredit needs, and the hook shims those lines name.
 
 Pure and stdlib-only. `gpucredit slurm config` prints `slurm_conf_lines()`,
-`gpucredit slurm install` calls `install()`, and the test cluster
-(`tests/slurmbox.py`) renders its slurm.conf with the same function, so the
+`gpucredit slurm install` calls `install()`, and the Slurm box
+(`slurmbox/box.py`) renders its slurm.conf with the same function, so the
 box runs exactly what admins are told to add.
 """
 

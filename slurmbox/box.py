@@ -1,19 +1,19 @@
-"""A Slurm 22.05 cluster in a box: gpucredit's end-to-end test bed and demo.
+"""A Slurm 22.05 cluster in a box: how an admin tries gpucredit, and its end-to-end test bed.
 
 One host runs munged, (MariaDB,) slurmdbd, slurmctld and two slurmd (`node1`,
 `node2`, each with fake GPUs a100×2 and h100×2) -- the recipe measured in
-notes/slurm-on-one-host.md. Needs root and Debian 12's Slurm packages
+docs/slurm-facts.md §1-§3. Needs root and Debian 12's Slurm packages
 (installed on first use).
 
-    python -m tests.slurmbox up | down | status      (make slurm-up / slurm-down)
+    python -m slurmbox up | down | status      (make slurm-up / slurm-down / slurm-status)
 
 Process model. The container's PID 1 does not reap orphans, and forking
-daemons hide start-up failures, so every daemon runs in the foreground as a
-child of one *supervisor* process (`python -m tests.slurmbox _supervise`).
-It is a child subreaper too: slurmstepd processes that slurmd orphans are
-reaped there instead of piling up as zombies. The supervisor starts the box,
-reports "ready" (or the error, with the log tail) through a pipe, then waits;
-SIGTERM makes it stop the daemons in reverse order, drop the accounting
+daemons hide start-up failures (docs/slurm-facts.md §9), so every daemon runs in
+the foreground as a child of one *supervisor* process (`python -m slurmbox
+_supervise`). It is a child subreaper too: slurmstepd processes that slurmd
+orphans are reaped there instead of piling up as zombies. The supervisor starts
+the box, reports "ready" (or the error, with the log tail) through a pipe, then
+waits; SIGTERM makes it stop the daemons in reverse order, drop the accounting
 database and wipe Slurm's state, so job ids restart at 1 next time. SIGUSR1
 makes it restart daemons that died (see `kill_daemon` / `start_daemons`).
 `make slurm-up` detaches the supervisor (it outlives the command, its pid is
@@ -21,7 +21,8 @@ in RUN_DIR); the pytest fixture keeps it as its own child.
 
 The gpucredit wiring in slurm.conf is `slurm_conf_lines()`, the hooks and
 job_submit.lua are written by `install()`: the same code as
-`gpucredit slurm config` / `gpucredit slurm install`.
+`gpucredit slurm config` / `gpucredit slurm install`. gpucredit's own side
+(config, database, daemon) is `slurmbox.gpucredit_site`.
 """
 
 from __future__ import annotations
@@ -293,7 +294,7 @@ class SlurmBox:
     """
 
     hooks: str = field(default_factory=lambda: os.environ.get("GPUCREDIT_BOX_HOOKS", "auto"))
-    gpucredit_exe: str = str(REPO / ".venv" / "bin" / "gpucredit")
+    gpucredit_exe: str = str(Path(sys.executable).with_name("gpucredit"))  # the venv's, in a clone
     config_path: str = field(
         default_factory=lambda: os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml")
     )
@@ -424,7 +425,7 @@ class SlurmBox:
             out = open(LOG_DIR / "supervisor.log", "ab")  # noqa: SIM115 (handed to the child)
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "tests.slurmbox", "_supervise", str(write_fd)],
+                    [sys.executable, "-m", "slurmbox", "_supervise", str(write_fd)],
                     cwd=REPO,
                     env={**os.environ, "GPUCREDIT_BOX_SPEC": json.dumps(asdict(self))},
                     stdin=subprocess.DEVNULL,
@@ -503,7 +504,7 @@ class SlurmBox:
         """Restart every daemon that died, and wait until the box is ready again."""
         supervisor = _read_pid(RUN_DIR / "supervisor.pid")
         if not supervisor or not _alive(supervisor):
-            raise BoxError("the box is not running (python -m tests.slurmbox up)")
+            raise BoxError("the box is not running (python -m slurmbox up)")
         (RUN_DIR / "ready").unlink(missing_ok=True)
         os.kill(supervisor, signal.SIGUSR1)
         _wait_until(self.is_up, self.timeout_s, "box did not recover", [LOG_DIR / "box.log"])
@@ -967,7 +968,8 @@ def _nodes_ready() -> bool:
     return set(states) == set(NODES) and all(s in ok for s in states.values())
 
 
-def _supervise(ready_fd: int) -> int:
+def supervise(ready_fd: int) -> int:
+    """The supervisor process's main (`python -m slurmbox _supervise FD`)."""
     box = SlurmBox(**json.loads(os.environ["GPUCREDIT_BOX_SPEC"]))
     sup = _Supervisor(box)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -1001,35 +1003,3 @@ def _supervise(ready_fd: int) -> int:
             os.write(ready_fd, (report or "Slurm box stopped").encode())
             os.close(ready_fd)
     return 0 if ready_fd < 0 or report is None else 1
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def main(argv: Sequence[str]) -> int:
-    usage = "usage: python -m tests.slurmbox up|down|status"
-    if len(argv) == 2 and argv[0] == "_supervise":
-        return _supervise(int(argv[1]))
-    if len(argv) != 1 or argv[0] not in ("up", "down", "status"):
-        print(usage, file=sys.stderr)
-        return 2
-    box = SlurmBox()
-    try:
-        if argv[0] == "up":
-            was_up = box.is_up()
-            seconds = box.up(detach=True)
-            state = "already up" if was_up else f"up in {seconds:.1f} s"
-            print(f"Slurm box {state}; hooks: {box.status()['hooks']}; logs in {LOG_DIR}")
-        elif argv[0] == "down":
-            print(f"Slurm box down in {box.down():.1f} s")
-        else:
-            print(json.dumps(box.status(), indent=1))
-            return 0 if box.is_up() else 1
-    except BoxError as e:
-        print(e, file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

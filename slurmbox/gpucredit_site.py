@@ -1,12 +1,16 @@
-"""gpucredit on the Slurm box for people trying it: `make slurm-up` runs this after the box.
+"""gpucredit on the Slurm box, for people trying it: `python -m slurmbox up` runs this after the box.
 
-Writes /etc/gpucredit/gpucredit.toml (unless one exists), creates the embedded
-database, mirrors Slurm's accounts, sets the demo prices when none are set, installs
-the hooks and starts `gpucredit daemon` in the background. Then:
+Writes /etc/gpucredit/gpucredit.toml (unless one exists), creates the ledger,
+mirrors Slurm's accounts, sets the demo prices when none are set, installs the
+hooks and starts `gpucredit daemon` in the background. Then:
 
     gpucredit topup physics 100
     runuser -u alice -- sbatch -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
     gpucredit hold list; gpucredit balance physics
+
+The ledger is the embedded SQLite file: trying gpucredit needs no database
+server. Point `[database] url` at PostgreSQL for anything more (the tests' box
+ledger does, see tests/conftest_slurm.py).
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-GPUCREDIT = str(REPO / ".venv" / "bin" / "gpucredit")
+from slurmbox.box import BoxError
+
+# The gpucredit next to this interpreter (the venv's in a clone: `make slurm-up`).
+GPUCREDIT = str(Path(sys.executable).with_name("gpucredit"))
 CONFIG = Path(os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml"))
 PID_FILE = Path("/run/gpucredit/daemon.pid")
+SOCKET = Path("/run/gpucredit/daemon.sock")
 LOG_DIR = Path("/var/log/gpucredit")
-CONFIG_TEXT = """# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
+DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
+CONFIG_TEXT = f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
 url = "sqlite:////var/lib/gpucredit/gpucredit.db"
 
 [daemon]
-socket = "/run/gpucredit/daemon.sock"
+socket = "{SOCKET}"
 
 [policy]
 on_ledger_unreachable = "reject"
@@ -37,16 +45,24 @@ on_ledger_unreachable = "reject"
 cluster = "lab"
 
 [hooks]
-log_file = "/var/log/gpucredit/hooks.log"
+log_file = "{LOG_DIR / "hooks.log"}"
 
 [agent]
 spool_dir = "/var/spool/gpucredit/%n"
 """
+_DAEMON_START_S = 20
 
 
 def gpucredit(*args: str) -> str:
+    """Run `gpucredit ARGS` with the box's config; raises BoxError with its stderr."""
+    argv = [GPUCREDIT, *args]
     env = {**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)}
-    return subprocess.run([GPUCREDIT, *args], env=env, check=True, capture_output=True, text=True).stdout
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise BoxError(
+            f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return proc.stdout
 
 
 def running_pid() -> int | None:
@@ -58,50 +74,52 @@ def running_pid() -> int | None:
     return None if "State:\tZ" in status else pid
 
 
-def up() -> None:
+def up() -> list[str]:
+    """Set gpucredit up on the running box and start its daemon; returns what to tell the admin."""
     if not CONFIG.exists():
         CONFIG.parent.mkdir(parents=True, exist_ok=True)
         CONFIG.write_text(CONFIG_TEXT)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    print(gpucredit("init").strip())
-    print(gpucredit("account", "import-slurm").strip())
+    said = [gpucredit("init").strip(), gpucredit("account", "import-slurm").strip()]
     if gpucredit("price", "list", "--format", "csv").count("\n") <= 1:
-        gpucredit("price", "set", "a100", "2.00")
-        gpucredit("price", "set", "h100", "3.60")
+        for gres, price in DEMO_PRICES.items():
+            gpucredit("price", "set", gres, price)
     gpucredit("slurm", "install", "--config", str(CONFIG))
     if running_pid() is None:
-        PID_FILE.parent.mkdir(parents=True, exist_ok=True)
-        with open(LOG_DIR / "daemon.log", "ab") as log:
-            proc = subprocess.Popen(
-                [GPUCREDIT, "daemon"],
-                env={**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        PID_FILE.write_text(f"{proc.pid}\n")
-        socket = Path("/run/gpucredit/daemon.sock")
-        deadline = time.monotonic() + 20
-        while not socket.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"gpucredit daemon did not start; see {LOG_DIR / 'daemon.log'}")
-            time.sleep(0.1)
-    print(
-        f"gpucredit daemon running (pid {running_pid()}); config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}"
-    )
-    print(
+        _start_daemon()
+    said += [
+        f"gpucredit daemon running (pid {running_pid()}); config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
         "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -A physics "
-        "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'"
-    )
+        "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
+    ]
+    return said
+
+
+def _start_daemon() -> None:
+    PID_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOG_DIR / "daemon.log", "ab") as log:
+        proc = subprocess.Popen(
+            [GPUCREDIT, "daemon"],
+            env={**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # outlives `make slurm-up`
+        )
+    PID_FILE.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + _DAEMON_START_S
+    while not SOCKET.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise BoxError(f"gpucredit daemon did not start; see {LOG_DIR / 'daemon.log'}")
+        time.sleep(0.1)
 
 
 def down() -> None:
+    """Stop the daemon; the ledger and the config stay (the next `up` reuses them)."""
     pid = running_pid()
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
     PID_FILE.unlink(missing_ok=True)
 
 
-if __name__ == "__main__":
-    {"up": up, "down": down}[sys.argv[1]]()
+__all__ = ["CONFIG", "GPUCREDIT", "down", "gpucredit", "running_pid", "up"]

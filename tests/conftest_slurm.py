@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.slurmbox import BoxError, SlurmBox
+from slurmbox import BoxError, SlurmBox
 
 
 def _unavailable(reason: str) -> None:

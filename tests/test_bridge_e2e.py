@@ -18,7 +18,7 @@ from ledger.journal import entries_t
 from ledger.models import JobRun, table_of
 from ledger.money import charge_for
 from ledger.timeutil import utcnow
-from tests.slurmbox import run
+from slurmbox import run
 from tests.test_slurm_e2e import PRICES, Cluster, elapsed_of, sacct_runs, submit
 from tests.test_slurm_e2e import cluster as cluster
 

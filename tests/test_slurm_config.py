@@ -16,7 +16,7 @@ from slurm_hooks import slurmconf
 from slurm_hooks.hooks import SETTINGS_VARIABLE, HookConfig, load_config
 from slurm_hooks.slurm_cli import slurm
 from slurm_hooks.slurmconf import DEFAULT_HOOK_DIR, HOOKS, install, shim_name, slurm_conf_lines
-from tests.slurmbox import SlurmBox, parse_scontrol
+from slurmbox import SlurmBox, parse_scontrol
 
 GPUCREDIT_KEYS = (
     "JobSubmitPlugins",

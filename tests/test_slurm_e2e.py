@@ -27,7 +27,7 @@ from ledger.db import make_engine, make_sessionmaker
 from ledger.holds import HoldState, holds_t
 from ledger.money import charge_for
 from ledger.timeutil import parse_time
-from tests.slurmbox import SlurmBox, run
+from slurmbox import SlurmBox, run
 
 pytestmark = pytest.mark.slurm
 

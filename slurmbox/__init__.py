@@ -1,0 +1,10 @@
+"""The Slurm box: Slurm 22.05 with two nodes and fake GPUs on one host, wired to gpucredit.
+
+How an admin tries gpucredit (`make slurm-up`, i.e. `python -m slurmbox up`) and
+where the end-to-end tests run. `slurmbox.box` runs Slurm; `slurmbox.gpucredit_site`
+sets gpucredit up on it (config, ledger, prices, hooks, daemon).
+"""
+
+from slurmbox.box import BoxError, SlurmBox, parse_scontrol, run
+
+__all__ = ["BoxError", "SlurmBox", "parse_scontrol", "run"]
