@@ -10,7 +10,7 @@ They never raise on bad input and never drop a line silently: every non-empty
 input line ends up as a run, an error, or (for step lines such as ``1.batch``,
 which carry nothing we charge for) in ``skipped_step_lines``.
 
-Facts these parsers rely on (Slurm 22.05.8, see notes/slurm-on-one-host.md §7, §10):
+Facts these parsers rely on (Slurm 22.05.8, see docs/slurm-facts.md §7, §10):
 
 * The allocation line is what we charge: it covers all nodes of a multi-node
   job; steps (``.batch``, ``.extern``, ``.0``) overlap it and must not be summed.

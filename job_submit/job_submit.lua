@@ -3,7 +3,7 @@ gpucredit job_submit.lua: ask the local `gpucredit daemon` whether a job may
 be submitted, and tell the user what it will cost.
 
 Runs inside slurmctld under its locks, before the job has an id or a
-validated account (notes/slurm-on-one-host.md §4), so it stays thin: copy
+validated account (docs/slurm-facts.md §4), so it stays thin: copy
 the raw job_desc fields into one JSON line, send it over the daemon's Unix
 socket (luasocket, bounded by a short timeout), read one reply line, and
 turn the decision into slurm.log_user + slurm.SUCCESS / slurm.ERROR. All

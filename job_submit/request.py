@@ -4,7 +4,7 @@ Pure and stdlib-only: the daemon calls `parse_submit` on every `submit`
 request, so this module must stay cheap to import and free of I/O.
 
 job_submit.lua copies these job_desc fields verbatim (Slurm 22.05.8; see
-notes/slurm-on-one-host.md §4), omitting the ones that are nil:
+docs/slurm-facts.md §4), omitting the ones that are nil:
 
     user_name, user_id, account, default_account, partition,
     tres_per_node, tres_per_job, tres_per_task, time_limit (minutes),

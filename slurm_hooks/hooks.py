@@ -1,11 +1,11 @@
 """`gpucredit hook prolog-slurmctld | epilog-slurmctld | prolog | epilog`.
 
 Thin, stdlib-only entry points that Slurm runs once per job (per node for
-the node hooks). They read Slurm's environment (notes §5: no PATH, no GPU
+the node hooks). They read Slurm's environment (docs/slurm-facts.md §5: no PATH, no GPU
 variables on the controller), ask `scontrol show job -d -o` for the GPU
 allocation, and talk to the resident `gpucredit daemon` (client.py).
 
-Exit codes, and why (notes §6):
+Exit codes, and why (docs/slurm-facts.md §6):
 
     prolog-slurmctld  0  hold taken, no GPUs, or ledger down under policy accept
                       1  refused (or ledger down under policy reject): the job

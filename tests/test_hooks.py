@@ -2,7 +2,7 @@
 
 The fake daemon is a real threaded Unix-socket server speaking the wire
 protocol (one JSON line in, one out); the fake scontrol answers only the
-exact argv it was told to expect. Hook environments are those of notes §5
+exact argv it was told to expect. Hook environments are those of docs/slurm-facts.md §5
 (no PATH, no GPU variables on the controller).
 """
 
@@ -313,7 +313,7 @@ def config(tmp_path: Path, sockdir: Path) -> Callable[..., str]:
 
 
 def ctld_env(config_path: str, job_id: int = 5, restart: int = 0, **extra: str) -> dict[str, str]:
-    """PrologSlurmctld/EpilogSlurmctld environment (notes §5): no PATH, no GPU variables."""
+    """PrologSlurmctld/EpilogSlurmctld environment (docs/slurm-facts.md §5): no PATH, no GPU variables."""
     env = {
         "GPUCREDIT_CONFIG": config_path,
         "SLURM_CLUSTER_NAME": "lab",

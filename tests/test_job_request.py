@@ -1,6 +1,6 @@
 """job_submit/request.py: raw job_desc fields (as job_submit.lua forwards them) -> JobRequest.
 
-The field values are those Slurm 22.05.8 put in job_desc (notes §4 table).
+The field values are those Slurm 22.05.8 put in job_desc (docs/slurm-facts.md §4 table).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def submit(**overrides: object) -> dict[str, object]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-# --- the notes §4 table, row by row -------------------------------------------------
+# --- the docs/slurm-facts.md §4 table, row by row -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def submit(**overrides: object) -> dict[str, object]:
         ("--gpus-per-task=a100:1", {"tres_per_task": "gres:gpu:a100:1"}, {"a100": 1}, "per_task"),
     ],
 )
-def test_notes_table_rows(
+def test_slurm_facts_table_rows(
     option: str, fields: dict[str, str], gpus: dict[str | None, int], requested_as: str
 ) -> None:
     request = parse_submit(submit(**fields))

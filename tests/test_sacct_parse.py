@@ -521,7 +521,7 @@ def test_bad_hostlists(expression: str) -> None:
     ("detail", "indices"),
     [
         ("gpu:h100:1(IDX:3)", {3: "h100"}),  # recorded (scontrol show job -d, squeue --json)
-        ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)", {0: "a100", 2: "h100"}),  # notes §5
+        ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)", {0: "a100", 2: "h100"}),  # docs/slurm-facts.md §5
         ("gpu:a100:2(IDX:0-1),gpu:h100:2(IDX:2,3)", {0: "a100", 1: "a100", 2: "h100", 3: "h100"}),
         ("gpu:2(IDX:0-1)", {0: "gpu", 1: "gpu"}),
         ("gpu:a100:0(IDX:N/A)", {}),

@@ -1,6 +1,6 @@
 """slurm_hooks/scontrol.py on `scontrol show job -d -o` lines in Slurm 22.05.8's format.
 
-SINGLE is the notes §5 job (--gres=gpu:a100:1,gpu:h100:1, CONFIGURING inside
+SINGLE is the docs/slurm-facts.md §5 job (--gres=gpu:a100:1,gpu:h100:1, CONFIGURING inside
 PrologSlurmctld); the others are written in the same format: a two-node job
 with both types, untyped requests, an array task, a COMPLETING job as
 EpilogSlurmctld sees it, and free text with spaces and `=`.
@@ -154,7 +154,7 @@ NO_GPUS = line(
 )
 
 
-def test_notes_example_single_node_two_types() -> None:
+def test_slurm_facts_example_single_node_two_types() -> None:
     job = parse_job(SINGLE, job_id=5, tz=UTC)
     assert isinstance(job, JobInfo)
     assert job.job_id == 5
