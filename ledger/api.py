@@ -14,16 +14,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ledger import accounts as _accounts
 from ledger import grants as _grants
 from ledger import holds as _holds
 from ledger import idempotency
 from ledger.accounts import (
     account_names,
-    add_member,
-    create_account,
+    check_name,
     ensure_account,
     lock_account,
-    set_limits,
+    lock_account_by_id,
     show_limits,
 )
 from ledger.balance import account_summary, balance
@@ -49,10 +49,10 @@ from ledger.holds import (
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
 from ledger.limits import CapOverrun, daily_cap_overruns
 from ledger.money import format_credits, parse_credits
-from ledger.prices import list_prices, set_price
+from ledger.prices import format_gpus, list_prices, parse_gpus, set_price
 from ledger.quotes import quote
 from ledger.reports import usage_report
-from ledger.timeutil import format_time, utcnow
+from ledger.timeutil import format_time, parse_seconds, utcnow
 
 __all__ = [
     "ActiveRun",
@@ -64,6 +64,7 @@ __all__ = [
     "adjust",
     "adjust_hold",
     "balance",
+    "charge_usage",
     "consume",
     "create_account",
     "create_hold",
@@ -82,9 +83,12 @@ __all__ = [
     "list_prices",
     "quote",
     "record_unreserved_run",
+    "release",
     "release_hold",
+    "reserve",
     "set_limits",
     "set_price",
+    "settle",
     "settle_hold",
     "show_limits",
     "sweep",
@@ -254,17 +258,205 @@ def _adjust(
     }
 
 
-def sweep(s: Session, account: str, at: datetime | None = None) -> dict[str, Any]:
-    """Expire holds past time limit + grace and post expired grant credit, for one account."""
+def sweep(
+    s: Session, account: str, at: datetime | None = None, *, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """Expire holds past time limit + grace, post expired grant credit and pay debt from
+    active credit, for one account. A repeat of a keyed sweep returns its first result."""
+    scope = lock_account(s, account).id
+    request = {"at": format_time(at)}
+    first = idempotency.replay(s, scope, idempotency_key, "sweep", request)
+    if first is not None:
+        return first
     at = at or utcnow()
     expired_holds = _holds.expire_holds(s, account, at)
     acct = lock_account(s, account)
     expired = _grants.expire_grants(s, acct, at)
     paid = _grants.pay_debt(s, acct, at)
-    return {
+    result = {
         "account": account,
         "at": format_time(at),
         "expired_holds": expired_holds,
         "expired_credits": format_credits(expired),
         "debt_paid": format_credits(paid),
     }
+    idempotency.remember(s, scope, idempotency_key, "sweep", request, result)
+    return result
+
+
+# -- repeat-safe forms for the CLI and HTTP: a key makes a repeat return the first result --
+
+
+def create_account(
+    s: Session, name: str, *, at: datetime | None = None, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """A customer account. It locks no customer account yet, so its key is global."""
+    request = {"name": name, "at": format_time(at)}
+    return idempotency.once(
+        s,
+        idempotency.GLOBAL_SCOPE,
+        idempotency_key,
+        "account_create",
+        request,
+        lambda: _accounts.create_account(s, name, at=at),
+    )
+
+
+def add_member(s: Session, user: str, account: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+    check_name(user, "user")
+    scope = lock_account(s, account).id
+    return idempotency.once(
+        s, scope, idempotency_key, "user_add", {"user": user}, lambda: _accounts.add_member(s, user, account)
+    )
+
+
+def set_limits(
+    s: Session,
+    account: str,
+    *,
+    user: str | None = None,
+    max_gpus: int | None = None,
+    max_rate: str | None = None,
+    daily_cap: str | None = None,
+    clear: bool = False,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Set the given caps (others unchanged; `clear` removes all caps first). A repeat of a
+    keyed request returns the caps as the first one left them."""
+    scope = lock_account(s, account).id
+    request = {
+        "user": user,
+        "max_gpus": max_gpus,
+        "max_rate": None if max_rate is None else parse_credits(max_rate, field="max_rate", allow_zero=True),
+        "daily_cap": None
+        if daily_cap is None
+        else parse_credits(daily_cap, field="daily_cap", allow_zero=True),
+        "clear": clear,
+    }
+    return idempotency.once(
+        s,
+        scope,
+        idempotency_key,
+        "limits_set",
+        request,
+        lambda: _accounts.set_limits(
+            s, account, user=user, max_gpus=max_gpus, max_rate=max_rate, daily_cap=daily_cap, clear=clear
+        ),
+    )
+
+
+def reserve(
+    s: Session,
+    account: str,
+    *,
+    user: str,
+    job_id: int,
+    gpus: str | dict[str, int],
+    seconds: int | str,
+    cluster: str = "default",
+    run: int = 0,
+    partition: str | None = None,
+    at: datetime | None = None,
+    grace_seconds: int = _holds.DEFAULT_GRACE_SECONDS,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """`create_hold` as a dict; with a key, a repeat returns the hold as first created."""
+    check_name(user, "user")
+    request = {
+        "user": user,
+        "job_id": job_id,
+        "cluster": cluster,
+        "run": run,
+        "gpus": format_gpus(parse_gpus(gpus)),
+        "seconds": parse_seconds(seconds, field="seconds"),
+        "partition": partition,
+        "at": format_time(at),
+        "grace_seconds": grace_seconds,
+    }
+    scope = lock_account(s, account).id
+    return idempotency.once(
+        s,
+        scope,
+        idempotency_key,
+        "hold_create",
+        request,
+        lambda: create_hold(
+            s,
+            account,
+            user=user,
+            job_id=job_id,
+            gpus=gpus,
+            seconds=seconds,
+            cluster=cluster,
+            run=run,
+            partition=partition,
+            at=at,
+            grace_seconds=grace_seconds,
+        ).as_dict(),
+    )
+
+
+def charge_usage(
+    s: Session,
+    hold_id: int,
+    elapsed_seconds: int | str,
+    *,
+    at: datetime | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """`hold_usage` as a dict; with a key, a repeat returns the hold as first charged."""
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    request = {"hold_id": hold_id, "elapsed": elapsed, "at": format_time(at)}
+    return idempotency.once(
+        s,
+        _hold_scope(s, hold_id),
+        idempotency_key,
+        "hold_usage",
+        request,
+        lambda: hold_usage(s, hold_id, elapsed, at).as_dict(),
+    )
+
+
+def settle(
+    s: Session,
+    hold_id: int,
+    elapsed_seconds: int | str,
+    *,
+    at: datetime | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """`settle_hold` as a dict; with a key, a repeat returns the hold as first settled."""
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    request = {"hold_id": hold_id, "elapsed": elapsed, "at": format_time(at)}
+    return idempotency.once(
+        s,
+        _hold_scope(s, hold_id),
+        idempotency_key,
+        "hold_settle",
+        request,
+        lambda: settle_hold(s, hold_id, elapsed, at).as_dict(),
+    )
+
+
+def release(
+    s: Session, hold_id: int, *, at: datetime | None = None, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """`release_hold` as a dict; with a key, a repeat returns the hold as first released."""
+    request = {"hold_id": hold_id, "at": format_time(at)}
+    return idempotency.once(
+        s,
+        _hold_scope(s, hold_id),
+        idempotency_key,
+        "hold_release",
+        request,
+        lambda: release_hold(s, hold_id, at).as_dict(),
+    )
+
+
+def _hold_scope(s: Session, hold_id: int) -> int:
+    """Lock the account that owns the hold (the key's scope) and return its id."""
+    owner = select(_holds.holds_t.c.account_id).where(_holds.holds_t.c.id == hold_id).scalar_subquery()
+    account = lock_account_by_id(s, owner)
+    if account is None:
+        raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})
+    return account.id

@@ -72,12 +72,14 @@ def account_group() -> None:
 
 @account_group.command("create")
 @click.argument("name")
+@at_option
+@key_option
 @ledger_command
-def account_create(name: str) -> None:
+def account_create(name: str, at: str | None, idempotency_key: str | None) -> None:
     from ledger import api
 
     with transaction() as s:
-        api.create_account(s, name)
+        api.create_account(s, name, at=parse_time_option(at, "at"), idempotency_key=idempotency_key)
     click.echo(f"account {name} created")
 
 
@@ -115,12 +117,13 @@ def user_group() -> None:
 @user_group.command("add")
 @click.argument("user")
 @click.argument("account")
+@key_option
 @ledger_command
-def user_add(user: str, account: str) -> None:
+def user_add(user: str, account: str, idempotency_key: str | None) -> None:
     from ledger import api
 
     with transaction() as s:
-        api.add_member(s, user, account)
+        api.add_member(s, user, account, idempotency_key=idempotency_key)
     click.echo(f"user {user} added to {account}")
 
 
@@ -134,11 +137,18 @@ def price_group() -> None:
 @click.argument("credits_per_gpu_hour")
 @click.option("--partition", default=None)
 @click.option("--effective", default=None, metavar="TIME", help="When the price takes effect.")
+@key_option
 @format_option
 @ledger_command
 def price_set(
-    gres: str, credits_per_gpu_hour: str, partition: str | None, effective: str | None, fmt: str
+    gres: str,
+    credits_per_gpu_hour: str,
+    partition: str | None,
+    effective: str | None,
+    idempotency_key: str | None,
+    fmt: str,
 ) -> None:
+    """A new price version from --effective (default now); earlier versions stay."""
     from ledger import api
 
     with transaction() as s:
@@ -148,6 +158,7 @@ def price_set(
             credits_per_gpu_hour,
             partition=partition,
             effective_at=parse_time_option(effective, "effective"),
+            idempotency_key=idempotency_key,
         )
     emit(result, fmt)
 
@@ -174,6 +185,7 @@ def limits_group() -> None:
 @click.option("--max-rate", default=None, metavar="CREDITS_PER_SECOND")
 @click.option("--daily-cap", default=None, metavar="CREDITS")
 @click.option("--clear", is_flag=True, help="Remove the existing caps first.")
+@key_option
 @format_option
 @ledger_command
 def limits_set(
@@ -183,13 +195,21 @@ def limits_set(
     max_rate: str | None,
     daily_cap: str | None,
     clear: bool,
+    idempotency_key: str | None,
     fmt: str,
 ) -> None:
     from ledger import api
 
     with transaction() as s:
         result = api.set_limits(
-            s, account, user=user, max_gpus=max_gpus, max_rate=max_rate, daily_cap=daily_cap, clear=clear
+            s,
+            account,
+            user=user,
+            max_gpus=max_gpus,
+            max_rate=max_rate,
+            daily_cap=daily_cap,
+            clear=clear,
+            idempotency_key=idempotency_key,
         )
     emit(result, "json" if fmt == "table" else fmt)
 
@@ -379,6 +399,7 @@ def hold_group() -> None:
 @click.option("--seconds", required=True, help="Time limit in seconds.")
 @click.option("--partition", default=None)
 @at_option
+@key_option
 @format_option
 @ledger_command
 def hold_create(
@@ -391,6 +412,7 @@ def hold_create(
     seconds: str,
     partition: str | None,
     at: str | None,
+    idempotency_key: str | None,
     fmt: str,
 ) -> None:
     from ledger import api
@@ -398,7 +420,7 @@ def hold_create(
 
     config = load_config()
     with transaction() as s:
-        hold = api.create_hold(
+        hold = api.reserve(
             s,
             account,
             user=user,
@@ -410,8 +432,9 @@ def hold_create(
             partition=partition,
             at=parse_time_option(at, "at"),
             grace_seconds=int(config["holds"]["grace_seconds"]),
+            idempotency_key=idempotency_key,
         )
-    emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+    emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 
 def _hold_charge(name: str, doc: str) -> Any:
@@ -419,15 +442,18 @@ def _hold_charge(name: str, doc: str) -> Any:
     @click.argument("hold_id", type=int)
     @click.option("--elapsed", required=True, help="Seconds the run has used.")
     @at_option
+    @key_option
     @format_option
     @ledger_command
-    def command(hold_id: int, elapsed: str, at: str | None, fmt: str) -> None:
+    def command(hold_id: int, elapsed: str, at: str | None, idempotency_key: str | None, fmt: str) -> None:
         from ledger import api
 
-        operation = api.hold_usage if name == "usage" else api.settle_hold
+        operation = api.charge_usage if name == "usage" else api.settle
         with transaction() as s:
-            hold = operation(s, hold_id, elapsed, parse_time_option(at, "at"))
-        emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+            hold = operation(
+                s, hold_id, elapsed, at=parse_time_option(at, "at"), idempotency_key=idempotency_key
+            )
+        emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
     return command
 
@@ -439,15 +465,16 @@ _hold_charge("settle", "Final charge for ELAPSED seconds; the rest of the hold r
 @hold_group.command("release")
 @click.argument("hold_id", type=int)
 @at_option
+@key_option
 @format_option
 @ledger_command
-def hold_release(hold_id: int, at: str | None, fmt: str) -> None:
+def hold_release(hold_id: int, at: str | None, idempotency_key: str | None, fmt: str) -> None:
     """Return the rest of a hold without a further charge."""
     from ledger import api
 
     with transaction() as s:
-        hold = api.release_hold(s, hold_id, parse_time_option(at, "at"))
-    emit(hold.as_dict(), fmt, None if fmt == "json" else HOLD_COLUMNS)
+        hold = api.release(s, hold_id, at=parse_time_option(at, "at"), idempotency_key=idempotency_key)
+    emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 
 @hold_group.command("list")
@@ -535,10 +562,12 @@ def report_command(
 
 @click.command("sweep")
 @at_option
+@key_option
 @format_option
 @ledger_command
-def sweep_command(at: str | None, fmt: str) -> None:
-    """Expire holds past time limit + grace, and grant credit past its expiry."""
+def sweep_command(at: str | None, idempotency_key: str | None, fmt: str) -> None:
+    """Expire holds past time limit + grace and grant credit past its expiry; pay debt
+    from credit active then. A keyed repeat replays each account's first sweep."""
     from ledger import api
 
     when = parse_time_option(at, "at")
@@ -547,9 +576,9 @@ def sweep_command(at: str | None, fmt: str) -> None:
     rows = []
     for name in names:  # one transaction per account: the ledger's one-lock rule
         with transaction() as s:
-            result = api.sweep(s, name, when)
+            result = api.sweep(s, name, when, idempotency_key=idempotency_key)
         rows.append({**result, "expired_holds": len(result["expired_holds"])})
-    emit(rows, fmt, ["account", "expired_holds", "expired_credits"])
+    emit(rows, fmt, ["account", "expired_holds", "expired_credits", "debt_paid"])
 
 
 @click.group("audit")

@@ -10,6 +10,7 @@ from sqlalchemy import insert, or_, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from ledger import idempotency
 from ledger.errors import InvalidInput
 from ledger.models import Price, table_of
 from ledger.money import format_credits, parse_credits
@@ -84,25 +85,43 @@ def set_price(
     *,
     partition: str | None = None,
     effective_at: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
+    """A new price version (prices are append-only: the latest effective at a time wins).
+
+    Prices belong to no account, so the key lives in the global scope; a repeat without
+    `effective_at` replays the first version, effective when the first request ran.
+    """
     check_gres(gres)
     amount = parse_credits(credits_per_gpu_hour, field="price", allow_zero=True)
-    now = utcnow()
-    s.execute(
-        insert(prices_t).values(
-            gres=gres,
-            partition=partition,
-            ucredits_per_gpu_hour=amount,
-            effective_at=effective_at or now,
-            recorded_at=now,
-        )
-    )
-    return {
+    request = {
         "gres": gres,
         "partition": partition,
-        "credits_per_gpu_hour": format_credits(amount),
-        "effective_at": format_time(effective_at or now),
+        "ucredits_per_gpu_hour": amount,
+        "effective_at": format_time(effective_at),
     }
+
+    def insert_version() -> dict[str, Any]:
+        now = utcnow()
+        s.execute(
+            insert(prices_t).values(
+                gres=gres,
+                partition=partition,
+                ucredits_per_gpu_hour=amount,
+                effective_at=effective_at or now,
+                recorded_at=now,
+            )
+        )
+        return {
+            "gres": gres,
+            "partition": partition,
+            "credits_per_gpu_hour": format_credits(amount),
+            "effective_at": format_time(effective_at or now),
+        }
+
+    return idempotency.once(
+        s, idempotency.GLOBAL_SCOPE, idempotency_key, "price_set", request, insert_version
+    )
 
 
 def price_at(s: Session, gres: str, partition: str | None, at: datetime) -> int | None:
