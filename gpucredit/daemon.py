@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from job_submit import answer
-from job_submit.snapshot import SnapshotKeeper
+from ledger.api import SnapshotKeeper
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow

@@ -3,7 +3,9 @@ cost, what is available and how to top up.
 
 job_submit runs inside slurmctld under its locks, before Slurm validates the job,
 so this never reserves and never touches the database: it quotes from the daemon's
-in-memory Snapshot. The authoritative hold is PrologSlurmctld's.
+in-memory picture of the ledger (:class:`ledger.api.Snapshot`), whose estimate is the
+one `gpucredit quote` runs. This module only reads the request and words the answer.
+The authoritative hold is PrologSlurmctld's.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from job_submit.request import InvalidRequest, JobRequest, parse_submit
-from job_submit.snapshot import Snapshot
+from ledger.api import Snapshot
 from ledger.errors import LedgerError, NotFound
-from ledger.money import charge_for, format_credits, format_rate
+from ledger.money import format_credits
 from ledger.timeutil import utcnow
 
 TAG = "gpucredit"
@@ -38,9 +40,15 @@ def submit(
     fields: Mapping[str, object],
     *,
     top_up_hint: str,
-    partition_types: Callable[[str | None], list[str]],
+    partition_types: Callable[[str | None], list[str] | None],
 ) -> dict[str, str]:
-    """Decide on one submission. Returns {"decision": "accept"|"reject", "message": ...}."""
+    """Decide on one submission. Returns {"decision": "accept"|"reject", "message": ...}.
+
+    `top_up_hint` ends a refusal for credit; "{account}" in it becomes the account.
+    `partition_types(partition)` is the GPU types the partition offers, or None while
+    the daemon has not read them from Slurm yet (untyped GPUs are then estimated at
+    the dearest priced type, and the message says so).
+    """
     try:
         request = parse_submit(fields)
     except InvalidRequest as error:
@@ -66,34 +74,38 @@ def _estimate(
     snapshot: Snapshot,
     request: JobRequest,
     top_up_hint: str,
-    partition_types: Callable[[str | None], list[str]],
+    partition_types: Callable[[str | None], list[str] | None],
 ) -> dict[str, str]:
     assert request.account is not None and request.time_limit_seconds is not None
     now = utcnow()
     gpus, note = _typed_gpus(snapshot, request, now, partition_types)
     seconds = request.time_limit_seconds
-    rate = snapshot.rate_for(gpus, request.partition, now)
-    per_task = charge_for(rate, seconds)
-    cost = per_task * request.array_tasks
-    available_u = snapshot.available_in(request.account)
-    available = format_credits(available_u)
+    estimate = snapshot.estimate(
+        request.account,
+        gpus,
+        seconds,
+        user=request.user,
+        partition=request.partition,
+        at=now,
+        tasks=request.array_tasks,
+    )
+    cost = format_credits(estimate.cost_ucredits)
+    available = format_credits(estimate.available_ucredits)
     what = f"{_gpu_text(gpus)} × {describe_duration(seconds)}"
     if request.array_tasks > 1:
         what += f", × {request.array_tasks} tasks"
-    refusal = _static_limit_refusal(
-        snapshot, request.account, request.user, sum(gpus.values()), rate, per_task
-    )
-    if refusal:
-        return _reject(f"{refusal} (job: {what})")
-    if cost > available_u:
+    breach = estimate.limit_breach
+    if breach is not None:
+        return _reject(f"{breach.code}: {breach.message} (job: {what})")
+    if not estimate.affordable:
         return _reject(
-            f"this job would cost ~{format_credits(cost)} credits ({what}){note} but only "
-            f"{available} are available in {request.account}. {top_up_hint}"
+            f"this job would cost ~{cost} credits ({what}){note} but only "
+            f"{available} are available in {request.account}. "
+            + top_up_hint.replace("{account}", request.account)
         )
     return {
         "decision": "accept",
-        "message": f"{TAG}: ~{format_credits(cost)} credits ({what}){note}, {available} available "
-        f"in {request.account}",
+        "message": f"{TAG}: ~{cost} credits ({what}){note}, {available} available in {request.account}",
     }
 
 
@@ -101,45 +113,29 @@ def _typed_gpus(
     snapshot: Snapshot,
     request: JobRequest,
     now: datetime,
-    partition_types: Callable[[str | None], list[str]],
+    partition_types: Callable[[str | None], list[str] | None],
 ) -> tuple[dict[str, int], str]:
-    """Untyped GPUs are estimated at the most expensive type the partition offers."""
+    """Untyped GPUs are estimated at the most expensive type the partition offers
+    (every priced type while the partitions are not known yet)."""
     typed = {g: n for g, n in request.gpus.items() if g is not None}
     untyped = request.gpus.get(None, 0)
     if not untyped:
         return typed, ""
-    priced = [(snapshot.price_at(g, request.partition, now), g) for g in partition_types(request.partition)]
-    known = [(p, g) for p, g in priced if p is not None]
-    if not known:
+    offered = partition_types(request.partition)
+    candidates = offered if offered is not None else snapshot.prices.gpu_types()
+    dearest = snapshot.prices.dearest(candidates, request.partition, now)
+    if dearest is None:
         raise LedgerError(
             "no priced GPU type in this partition; ask for a type, e.g. --gres=gpu:a100:1",
             code="unknown_gres",
         )
-    _price, dearest = max(known)
     typed[dearest] = typed.get(dearest, 0) + untyped
+    if offered is None:
+        return typed, (
+            f"; untyped GPUs estimated as {dearest}, the dearest priced type "
+            "(partitions not read from Slurm yet)"
+        )
     return typed, f"; untyped GPUs estimated as {dearest}, the dearest type here"
-
-
-def _static_limit_refusal(
-    snapshot: Snapshot, account: str, user: str, gpus: int, rate: int, cost: int
-) -> str | None:
-    """Caps this job breaks on its own, whatever else runs (the prolog checks the rest)."""
-    for who, scope in ((user, f"user {user}"), (None, "the account")):
-        limits = snapshot.limits_for(account, who)
-        if limits.max_gpus is not None and gpus > limits.max_gpus:
-            return f"concurrent_gpus: {gpus} GPUs exceed the cap of {limits.max_gpus} for {scope}"
-        cap_rate = limits.max_rate_ucredits_per_second
-        if cap_rate is not None and rate > cap_rate * 3600:
-            return (
-                f"spend_rate: {format_rate(rate)}/s exceeds the cap of {format_rate(cap_rate * 3600)}/s "
-                f"for {scope}"
-            )
-        if limits.daily_cap_ucredits is not None and cost > limits.daily_cap_ucredits:
-            return (
-                f"daily_cap: {format_credits(cost)} credits exceed the daily cap of "
-                f"{format_credits(limits.daily_cap_ucredits)} for {scope}"
-            )
-    return None
 
 
 def _reject(message: str) -> dict[str, str]:

@@ -4,6 +4,13 @@ Every function takes a `Session` and never commits; the caller owns the transact
 (`with Session() as s, s.begin(): ...`). Amounts are decimal strings in, decimal
 strings out; times are aware UTC datetimes. Each mutating operation locks exactly
 one customer account row.
+
+Other packages read and change money only through this module (and format or parse
+amounts at their edge with `ledger.money`); tests/test_boundaries.py keeps it so.
+Readers that price many things at once get the pricing rules as values: a
+`PriceTable` (the price in force), `rate_of` (a GPU mix), `charge_for` (seconds at a
+rate, rounded once), `Estimate` (a quote), and the job_submit `Snapshot`. Amounts in
+those are `int` micro-credits, named `*_ucredits`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ledger.accounts import (
     show_limits,
 )
 from ledger.balance import account_summary, balance
+from ledger.efficiency import UsageDelta, add_gpu_usage
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
 from ledger.holds import (
@@ -48,22 +56,38 @@ from ledger.holds import (
 )
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
 from ledger.limits import CapOverrun, daily_cap_overruns
-from ledger.money import format_credits, parse_credits
-from ledger.prices import format_gpus, list_prices, parse_gpus, set_price
-from ledger.quotes import quote
+from ledger.money import charge_for, format_credits, parse_credits
+from ledger.prices import (
+    PriceTable,
+    format_gpus,
+    list_prices,
+    load_price_table,
+    parse_gpus,
+    rate_of,
+    set_price,
+)
+from ledger.quotes import Estimate, estimate, quote
 from ledger.reports import usage_report
+from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
 
 __all__ = [
     "ActiveRun",
     "CapOverrun",
+    "Estimate",
     "HoldState",
+    "PriceTable",
+    "Snapshot",
+    "SnapshotKeeper",
+    "UsageDelta",
     "account_names",
     "account_summary",
+    "add_gpu_usage",
     "add_member",
     "adjust",
     "adjust_hold",
     "balance",
+    "charge_for",
     "charge_usage",
     "consume",
     "create_account",
@@ -71,6 +95,7 @@ __all__ = [
     "daily_cap_overruns",
     "ensure_account",
     "entries_t",
+    "estimate",
     "find_active_hold",
     "find_hold",
     "find_job_holds",
@@ -81,7 +106,10 @@ __all__ = [
     "list_active_runs",
     "list_holds",
     "list_prices",
+    "load_price_table",
+    "members",
     "quote",
+    "rate_of",
     "record_unreserved_run",
     "release",
     "release_hold",
@@ -96,6 +124,11 @@ __all__ = [
     "usage_report",
     "verify",
 ]
+
+
+def members(s: Session, account: str) -> list[str]:
+    """The users who may charge `account`, by name."""
+    return _accounts.members(s, _accounts.read_account(s, account).id)
 
 
 def topup(
@@ -114,7 +147,7 @@ def topup(
     return _grants.create_grant(
         s,
         acct,
-        amount,
+        parse_credits(amount),
         source="topup",
         effective_at=effective_at,
         expires_at=expires_at,
@@ -141,7 +174,7 @@ def grant(
     return _grants.create_grant(
         s,
         acct,
-        amount,
+        parse_credits(amount),
         source="grant",
         effective_at=effective_at,
         expires_at=expires_at,
@@ -162,7 +195,7 @@ def consume(
     idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     acct = lock_account(s, account)
-    return _grants.consume(s, acct, amount, at=at, user=user, idempotency_key=idempotency_key)
+    return _grants.consume(s, acct, parse_credits(amount), at=at, user=user, idempotency_key=idempotency_key)
 
 
 def adjust(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -90,6 +91,32 @@ def _shape(
         "debt": format_credits(debt),
         "grants": [g for g, _remaining in grants],
     }
+
+
+def available_credit(s: Session, at: datetime, account_ids: Collection[int] | None = None) -> dict[int, int]:
+    """Micro-credits spendable at `at` per customer account (all, or `account_ids`): the
+    free part of grants active then, less recorded debt.
+
+    Aggregate reads without a lock, for quotes and the job_submit snapshot; a hold
+    checks the same figure again under its account's lock (`grants.available_now`).
+    """
+    free_query = (
+        select(grants_t.c.account_id, func.sum(grants_t.c.remaining_ucredits - grants_t.c.earmarked_ucredits))
+        .where(
+            grants_t.c.remaining_ucredits > 0,
+            grants_t.c.effective_at <= at,
+            (grants_t.c.expires_at.is_(None)) | (grants_t.c.expires_at > at),
+        )
+        .group_by(grants_t.c.account_id)
+    )
+    accounts_query = select(accounts_t.c.id, accounts_t.c.debt_ucredits).where(
+        accounts_t.c.kind == "customer"
+    )
+    if account_ids is not None:
+        free_query = free_query.where(grants_t.c.account_id.in_(list(account_ids)))
+        accounts_query = accounts_query.where(accounts_t.c.id.in_(list(account_ids)))
+    free = {account_id: int(total) for account_id, total in s.execute(free_query)}
+    return {account_id: free.get(account_id, 0) - int(debt) for account_id, debt in s.execute(accounts_query)}
 
 
 def account_summary(s: Session, account: str) -> dict[str, Any]:

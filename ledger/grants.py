@@ -18,7 +18,7 @@ from ledger import idempotency
 from ledger.errors import InsufficientCredits, InvalidInput
 from ledger.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
 from ledger.models import Grant, table_of
-from ledger.money import format_credits, parse_credits
+from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 
 grants_t = table_of(Grant)
@@ -141,7 +141,7 @@ def take_free(
 def create_grant(
     s: Session,
     account: LockedAccount,
-    amount: str | int,
+    amount_ucredits: int,
     *,
     source: str,
     effective_at: datetime | None = None,
@@ -158,7 +158,6 @@ def create_grant(
     at the operation's time `at` (default now). A grant that starts later cannot pay
     debt before it exists; the sweep pays debt from active credit then.
     """
-    amount_ucredits = amount if isinstance(amount, int) else parse_credits(amount)
     if amount_ucredits <= 0:
         raise InvalidInput("amount must be greater than zero", code="invalid_amount")
     at = at or utcnow()
@@ -247,7 +246,7 @@ def create_grant(
 def consume(
     s: Session,
     account: LockedAccount,
-    amount: str | int,
+    amount_ucredits: int,
     *,
     at: datetime | None = None,
     user: str | None = None,
@@ -255,7 +254,6 @@ def consume(
     memo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Charge credit directly (no hold): all of it from free active credit, or refuse."""
-    amount_ucredits = amount if isinstance(amount, int) else parse_credits(amount)
     at = at or utcnow()
     body = {"amount": amount_ucredits, "at": format_time(at), "user": user}
     first = idempotency.replay(s, account.id, idempotency_key, "consume", body)

@@ -7,14 +7,14 @@ Concurrent GPUs (user, account), spend rate (sum of active burn rates + the new 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from ledger.accounts import limits_of, limits_t
+from ledger.accounts import Limits, limits_of, limits_t
 from ledger.errors import LimitExceeded
 from ledger.journal import REVENUE, LockedAccount, entries_t, postings_t
 from ledger.models import Hold, table_of
@@ -107,6 +107,46 @@ def check_limits(
                         "requested": format_credits(amount),
                     },
                 )
+
+
+def static_limit_breach(
+    caps: Mapping[str | None, Limits],
+    user: str,
+    gpu_count: int,
+    rate_ucredits_per_hour: int,
+    cost_ucredits: int,
+) -> LimitExceeded | None:
+    """A cap that one job breaks on its own, whatever else runs: what job_submit can tell
+    before the job exists (the hold checks the rest, with what is running, under the lock).
+
+    `caps` are the account's (key None) and the user's (key `user`); `cost_ucredits` is
+    one run's (an array task's) cost.
+    """
+    for who, scope, subject in ((user, "user", f"user {user}"), (None, "account", "the account")):
+        limits = caps.get(who) or Limits()
+        if limits.max_gpus is not None and gpu_count > limits.max_gpus:
+            return LimitExceeded(
+                "concurrent_gpus",
+                f"{gpu_count} GPUs exceed the cap of {limits.max_gpus} for {subject}",
+                {"limit": "concurrent_gpus", "scope": scope, "value": gpu_count, "cap": limits.max_gpus},
+            )
+        if limits.max_rate_ucredits_per_second is not None:
+            cap_per_hour = limits.max_rate_ucredits_per_second * 3600
+            if rate_ucredits_per_hour > cap_per_hour:
+                value, cap = format_rate(rate_ucredits_per_hour), format_rate(cap_per_hour)
+                return LimitExceeded(
+                    "spend_rate",
+                    f"{value}/s exceeds the cap of {cap}/s for {subject}",
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap},
+                )
+        if limits.daily_cap_ucredits is not None and cost_ucredits > limits.daily_cap_ucredits:
+            value, cap = format_credits(cost_ucredits), format_credits(limits.daily_cap_ucredits)
+            return LimitExceeded(
+                "daily_cap",
+                f"{value} credits exceed the daily cap of {cap} for {subject}",
+                {"limit": "daily_cap", "scope": scope, "value": value, "cap": cap},
+            )
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,22 @@ MAX_UCREDITS = MAX_CREDITS * UCREDITS_PER_CREDIT
 
 
 def parse_credits(
-    text: str | int | Decimal,
+    text: str | Decimal,
     *,
     field: str = "amount",
     allow_zero: bool = False,
     allow_negative: bool = False,
 ) -> int:
-    """Parse a decimal credit amount ("12.5") into micro-credits, refusing anything inexact."""
-    if isinstance(text, (bool, float)):
+    """Parse a decimal credit amount ("12.5") into micro-credits, refusing anything inexact.
+
+    Numbers are refused, ints included: inside the ledger an int is micro-credits, so
+    an int meaning credits here would be off by a million somewhere else.
+    """
+    if not isinstance(text, (str, Decimal)):
         raise InvalidInput(
-            f"{field} must be a decimal string, not a float", code="invalid_amount", details={"field": field}
+            f"{field} must be a decimal string, not {type(text).__name__}",
+            code="invalid_amount",
+            details={"field": field},
         )
     raw = str(text).strip()
     try:

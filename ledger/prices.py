@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -124,53 +125,119 @@ def set_price(
     )
 
 
+PriceRow = tuple[str, str | None, datetime, int]
+
+
+class PriceTable:
+    """Prices in force at any time: the one rule every price lookup follows (a hold, a
+    quote, the job_submit snapshot, reconciliation).
+
+    A partition's own price wins over the type's general one; among prices of one kind,
+    the latest effective at `at` wins (on a tie, the one recorded last).
+    """
+
+    __slots__ = ("_history",)
+
+    def __init__(self, rows: Iterable[PriceRow]) -> None:
+        """`rows`: (gres, partition, effective_at, micro-credits per GPU-hour), in the
+        order they were recorded (the `prices` ids)."""
+        history: dict[tuple[str, str | None], list[tuple[datetime, int]]] = {}
+        for gres, partition, effective_at, price in rows:
+            history.setdefault((gres, partition), []).append((effective_at, int(price)))
+        for versions in history.values():
+            versions.sort(key=lambda version: version[0])  # stable: recording order on ties
+        self._history = history
+
+    def gpu_types(self) -> list[str]:
+        """Every GPU type that has a price (in some partition, at some time)."""
+        return sorted({gres for gres, _partition in self._history})
+
+    def price_at(self, gres: str, partition: str | None, at: datetime) -> int | None:
+        """Micro-credits per GPU-hour in force at `at`: the partition's own, else the type's."""
+        for key in ([(gres, partition)] if partition else []) + [(gres, None)]:
+            for effective_at, price in reversed(self._history.get(key, ())):
+                if effective_at <= at:
+                    return price
+        return None
+
+    def unit_prices(self, gres: Iterable[str], partition: str | None, at: datetime) -> dict[str, int]:
+        """Each type's price at `at`; a type without one is refused (`unknown_gres`)."""
+        prices: dict[str, int] = {}
+        for name in gres:
+            price = self.price_at(name, partition, at)
+            if price is None:
+                raise InvalidInput(
+                    f"no price for GPU type {name!r}"
+                    + (f" in partition {partition}" if partition else "")
+                    + f" at {format_time(at)}; set one with `gpucredit price set`",
+                    code="unknown_gres",
+                    details={"gres": name, "partition": partition},
+                )
+            prices[name] = price
+        return prices
+
+    def rate_for(
+        self, gpus: Mapping[str, int], partition: str | None, at: datetime
+    ) -> tuple[int, dict[str, int]]:
+        """Micro-credits per hour of a GPU mix at `at`, and each type's price."""
+        unit_prices = self.unit_prices(gpus, partition, at)
+        return rate_of(gpus, unit_prices), unit_prices
+
+    def dearest(self, gres: Iterable[str], partition: str | None, at: datetime) -> str | None:
+        """The most expensive of `gres` at `at` (None when none is priced): what an untyped
+        GPU is estimated at before Slurm picks its type."""
+        priced = [(price, name) for name in gres if (price := self.price_at(name, partition, at)) is not None]
+        return max(priced)[1] if priced else None
+
+
+def rate_of(gpus: Mapping[str, int], unit_prices: Mapping[str, int]) -> int:
+    """Micro-credits per hour of a GPU mix at the given prices per GPU-hour (each type priced)."""
+    return sum(unit_prices[gres] * count for gres, count in gpus.items())
+
+
+def _price_rows(
+    s: Session,
+    gres: Collection[str] | None,
+    partition: str | None,
+    at: datetime | None,
+    every_partition: bool,
+) -> list[PriceRow]:
+    query = select(
+        prices_t.c.gres, prices_t.c.partition, prices_t.c.effective_at, prices_t.c.ucredits_per_gpu_hour
+    ).order_by(prices_t.c.id)
+    if gres is not None:
+        query = query.where(prices_t.c.gres.in_(list(gres)))
+    if at is not None:
+        query = query.where(prices_t.c.effective_at <= at)
+    if not every_partition:
+        where_partition: ColumnElement[bool] = prices_t.c.partition.is_(None)
+        if partition:
+            where_partition = or_(where_partition, prices_t.c.partition == partition)
+        query = query.where(where_partition)
+    return [(row[0], row[1], row[2], int(row[3])) for row in s.execute(query)]
+
+
+def load_price_table(s: Session) -> PriceTable:
+    """Every price ever set (a small table): for readers that price many runs or jobs."""
+    return PriceTable(_price_rows(s, None, None, None, every_partition=True))
+
+
+def prices_for_job(s: Session, gres: Collection[str], partition: str | None, at: datetime) -> PriceTable:
+    """Only the prices of these types that can be in force in `partition` at `at` (one query)."""
+    return PriceTable(_price_rows(s, gres, partition, at, every_partition=False))
+
+
 def price_at(s: Session, gres: str, partition: str | None, at: datetime) -> int | None:
-    """Micro-credits per GPU-hour in force at `at`: the partition's own price, else the type's."""
-    for part in ([partition] if partition else []) + [None]:
-        where = prices_t.c.partition.is_(None) if part is None else prices_t.c.partition == part
-        row = s.execute(
-            select(prices_t.c.ucredits_per_gpu_hour)
-            .where(prices_t.c.gres == gres, where, prices_t.c.effective_at <= at)
-            .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc())
-            .limit(1)
-        ).first()
-        if row is not None:
-            return int(row[0])
-    return None
+    """Micro-credits per GPU-hour in force at `at` (see PriceTable)."""
+    return prices_for_job(s, [gres], partition, at).price_at(gres, partition, at)
 
 
 def rate_for(
     s: Session, gpus: dict[str, int], partition: str | None, at: datetime
 ) -> tuple[int, dict[str, int]]:
-    """Combined micro-credits per hour for a GPU mix, and each type's price; unknown types refused.
-
-    One query for every type: the partition's own price wins over the type's general one,
-    the latest effective at `at` over older ones.
-    """
-    where_partition: ColumnElement[bool] = prices_t.c.partition.is_(None)
-    if partition:
-        where_partition = or_(where_partition, prices_t.c.partition == partition)
-    found: dict[str, tuple[bool, int]] = {}
-    for gres, part, price in s.execute(
-        select(prices_t.c.gres, prices_t.c.partition, prices_t.c.ucredits_per_gpu_hour)
-        .where(prices_t.c.gres.in_(list(gpus)), prices_t.c.effective_at <= at, where_partition)
-        .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc())
-    ):
-        specific = part is not None
-        if gres not in found or (specific and not found[gres][0]):
-            found[gres] = (specific, int(price))
-    unit_prices: dict[str, int] = {}
-    for gres in gpus:
-        if gres not in found:
-            raise InvalidInput(
-                f"no price for GPU type {gres!r}"
-                + (f" in partition {partition}" if partition else "")
-                + f" at {format_time(at)}; set one with `gpucredit price set`",
-                code="unknown_gres",
-                details={"gres": gres, "partition": partition},
-            )
-        unit_prices[gres] = found[gres][1]
-    return sum(unit_prices[g] * n for g, n in gpus.items()), unit_prices
+    """Combined micro-credits per hour for a GPU mix, and each type's price; unknown types
+    refused. One query reads the prices of these types that can be in force at `at`."""
+    return prices_for_job(s, gpus, partition, at).rate_for(gpus, partition, at)
 
 
 def list_prices(s: Session) -> list[dict[str, Any]]:

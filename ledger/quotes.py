@@ -1,17 +1,108 @@
-"""Quotes: what a job spec costs at today's prices, and whether the account can afford it now."""
+"""Quotes: what a job spec costs at today's prices, and whether the account can afford it now.
+
+One computation (:func:`estimate`) serves both readers: :func:`quote` from the
+database, and the job_submit snapshot (:mod:`ledger.snapshot`) from memory. Only
+where the prices, the available credit and the caps come from differs.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ledger.accounts import read_account
-from ledger.grants import available_now, load_grants
+from ledger.accounts import Limits, read_account
+from ledger.balance import available_credit
+from ledger.errors import LimitExceeded
+from ledger.limits import static_limit_breach
 from ledger.money import charge_for, format_credits, format_rate
-from ledger.prices import format_gpus, parse_gpus, rate_for
+from ledger.prices import PriceTable, format_gpus, parse_gpus, prices_for_job
 from ledger.timeutil import format_time, parse_seconds, utcnow
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What `tasks` runs of a job spec cost at `at`, and what the account has then.
+
+    Amounts are micro-credits; `limit_breach` is a cap the job breaks on its own (only
+    when the estimate was given the caps, as job_submit's is).
+    """
+
+    account: str
+    gpus: Mapping[str, int]
+    seconds: int
+    partition: str | None
+    tasks: int
+    at: datetime
+    unit_prices_ucredits_per_gpu_hour: Mapping[str, int]
+    rate_ucredits_per_hour: int
+    cost_per_task_ucredits: int
+    cost_ucredits: int
+    available_ucredits: int
+    limit_breach: LimitExceeded | None = None
+
+    @property
+    def affordable(self) -> bool:
+        return self.cost_ucredits <= self.available_ucredits
+
+    def as_dict(self) -> dict[str, Any]:
+        """The quote as the CLI and the HTTP API show it (decimal strings)."""
+        return {
+            "account": self.account,
+            "gpus": format_gpus(dict(self.gpus)),
+            "seconds": self.seconds,
+            "partition": self.partition,
+            "tasks": self.tasks,
+            "cost": format_credits(self.cost_ucredits),
+            "cost_per_task": format_credits(self.cost_per_task_ucredits),
+            "rate": format_rate(self.rate_ucredits_per_hour),
+            "prices": {g: format_credits(p) for g, p in self.unit_prices_ucredits_per_gpu_hour.items()},
+            "available": format_credits(self.available_ucredits),
+            "affordable": self.affordable,
+            "at": format_time(self.at),
+        }
+
+
+def estimate(
+    prices: PriceTable,
+    account: str,
+    gpus: Mapping[str, int],
+    seconds: int,
+    *,
+    partition: str | None,
+    at: datetime,
+    available_ucredits: int,
+    tasks: int = 1,
+    user: str | None = None,
+    caps: Mapping[str | None, Limits] | None = None,
+) -> Estimate:
+    """Price a job spec (an array is estimated per task) and set it beside the credit.
+
+    With `user` and `caps` (the account's under key None, the user's under `user`),
+    a cap the job breaks on its own is reported too.
+    """
+    rate, unit_prices = prices.rate_for(gpus, partition, at)
+    per_task = charge_for(rate, seconds)
+    breach = None
+    if user is not None and caps is not None:
+        breach = static_limit_breach(caps, user, sum(gpus.values()), rate, per_task)
+    return Estimate(
+        account=account,
+        gpus=dict(gpus),
+        seconds=seconds,
+        partition=partition,
+        tasks=tasks,
+        at=at,
+        unit_prices_ucredits_per_gpu_hour=unit_prices,
+        rate_ucredits_per_hour=rate,
+        cost_per_task_ucredits=per_task,
+        cost_ucredits=per_task * tasks,
+        available_ucredits=available_ucredits,
+        limit_breach=breach,
+    )
 
 
 def quote(
@@ -28,24 +119,18 @@ def quote(
     at = at or utcnow()
     gpu_map = parse_gpus(gpus)
     seconds = parse_seconds(seconds, field="seconds")
-    rate, unit_prices = rate_for(s, gpu_map, partition, at)
-    per_task = charge_for(rate, seconds)
-    cost = per_task * tasks
+    prices = prices_for_job(s, gpu_map, partition, at)
     # A quote reserves nothing, so it reads without the account lock: an answer a few
     # milliseconds stale is fine, and job_submit must never queue behind a hold.
     acct = read_account(s, account)
-    available = available_now(load_grants(s, acct.id), acct, at)
-    return {
-        "account": account,
-        "gpus": format_gpus(gpu_map),
-        "seconds": seconds,
-        "partition": partition,
-        "tasks": tasks,
-        "cost": format_credits(cost),
-        "cost_per_task": format_credits(per_task),
-        "rate": format_rate(rate),
-        "prices": {g: format_credits(p) for g, p in unit_prices.items()},
-        "available": format_credits(available),
-        "affordable": cost <= available,
-        "at": format_time(at),
-    }
+    available = available_credit(s, at, [acct.id])[acct.id]
+    return estimate(
+        prices,
+        account,
+        gpu_map,
+        seconds,
+        partition=partition,
+        at=at,
+        tasks=tasks,
+        available_ucredits=available,
+    ).as_dict()

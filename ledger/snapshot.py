@@ -1,16 +1,20 @@
-"""An in-memory picture of what job_submit needs: prices, caps and spendable credit.
+"""An in-memory picture of what job_submit quotes from: prices, caps and spendable credit.
 
 job_submit.lua waits on the daemon inside slurmctld, so the answer must cost
 microseconds, not a database transaction. The daemon refreshes this picture every
 `max_age_seconds` (default 1 s), which keeps the promise that a top-up is visible
 to job_submit within 2 s. It is only an estimate: the prolog's hold is the
 authoritative check, under the account's lock.
+
+A quote from the picture and a quote from the database (:func:`ledger.quotes.quote`)
+run the same code (:func:`ledger.quotes.estimate` over a
+:class:`~ledger.prices.PriceTable`); only where prices, credit and caps are read differs.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,53 +23,58 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.accounts import Limits, limits_t
-from ledger.errors import InvalidInput, NotFound
-from ledger.grants import grants_t
+from ledger.balance import available_credit
+from ledger.errors import NotFound
 from ledger.journal import accounts_t, entries_t
-from ledger.prices import prices_t
-from ledger.timeutil import format_time, utcnow
+from ledger.prices import PriceTable, load_price_table, prices_t
+from ledger.quotes import Estimate, estimate
+from ledger.timeutil import utcnow
+
+__all__ = ["STALE_AFTER_SECONDS", "Snapshot", "SnapshotKeeper", "change_marker", "take_snapshot"]
 
 STALE_AFTER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
 class Snapshot:
+    """Prices, caps and each customer account's spendable micro-credits at `taken_at`."""
+
     taken_at: datetime
     marker: tuple[Any, ...] = ()
-    available: dict[str, int] = field(default_factory=dict)  # account -> micro-credits now
-    account_ids: dict[str, int] = field(default_factory=dict)
-    limits: dict[tuple[str, str | None], Limits] = field(default_factory=dict)
-    prices: dict[tuple[str, str | None], list[tuple[datetime, int]]] = field(default_factory=dict)
+    prices: PriceTable = field(default_factory=lambda: PriceTable(()))
+    available_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> now
+    limits: Mapping[tuple[str, str | None], Limits] = field(default_factory=dict)  # (account, user)
 
-    def price_at(self, gres: str, partition: str | None, at: datetime) -> int | None:
-        for key in ([(gres, partition)] if partition else []) + [(gres, None)]:
-            for effective_at, price in reversed(self.prices.get(key, [])):
-                if effective_at <= at:
-                    return price
-        return None
-
-    def rate_for(self, gpus: dict[str, int], partition: str | None, at: datetime) -> int:
-        rate = 0
-        for gres, count in gpus.items():
-            price = self.price_at(gres, partition, at)
-            if price is None:
-                raise InvalidInput(
-                    f"no price for GPU type {gres!r}"
-                    + (f" in partition {partition}" if partition else "")
-                    + f" at {format_time(at)}; set one with `gpucredit price set`",
-                    code="unknown_gres",
-                    details={"gres": gres, "partition": partition},
-                )
-            rate += price * count
-        return rate
-
-    def available_in(self, account: str) -> int:
-        if account not in self.account_ids:
+    def estimate(
+        self,
+        account: str,
+        gpus: Mapping[str, int],
+        seconds: int,
+        *,
+        user: str,
+        partition: str | None,
+        at: datetime,
+        tasks: int = 1,
+    ) -> Estimate:
+        """What the job costs, what `account` has, and a cap the job breaks on its own."""
+        if account not in self.available_ucredits:
             raise NotFound(f"account {account!r} does not exist", details={"account": account})
-        return self.available.get(account, 0)
-
-    def limits_for(self, account: str, user: str | None) -> Limits:
-        return self.limits.get((account, user), Limits())
+        caps = {
+            None: self.limits.get((account, None), Limits()),
+            user: self.limits.get((account, user), Limits()),
+        }
+        return estimate(
+            self.prices,
+            account,
+            gpus,
+            seconds,
+            partition=partition,
+            at=at,
+            tasks=tasks,
+            available_ucredits=self.available_ucredits[account],
+            user=user,
+            caps=caps,
+        )
 
 
 def change_marker(s: Any) -> tuple[Any, ...]:
@@ -87,29 +96,13 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
     now = utcnow()
     with session_factory() as s:
         marker = change_marker(s)
-        accounts = {
-            r.name: (r.id, r.debt_ucredits)
-            for r in s.execute(
-                select(accounts_t.c.name, accounts_t.c.id, accounts_t.c.debt_ucredits).where(
-                    accounts_t.c.kind == "customer"
-                )
+        names: dict[int, str] = {
+            row.id: row.name
+            for row in s.execute(
+                select(accounts_t.c.id, accounts_t.c.name).where(accounts_t.c.kind == "customer")
             )
         }
-        free = dict(
-            s.execute(
-                select(
-                    grants_t.c.account_id,
-                    func.sum(grants_t.c.remaining_ucredits - grants_t.c.earmarked_ucredits),
-                )
-                .where(
-                    grants_t.c.remaining_ucredits > 0,
-                    grants_t.c.effective_at <= now,
-                    (grants_t.c.expires_at.is_(None)) | (grants_t.c.expires_at > now),
-                )
-                .group_by(grants_t.c.account_id)
-            ).all()
-        )
-        names = {account_id: name for name, (account_id, _debt) in accounts.items()}
+        available = available_credit(s, now)
         limits = {
             (names[r.account_id], r.user): Limits(
                 r.max_gpus, r.max_rate_ucredits_per_second, r.daily_cap_ucredits
@@ -117,18 +110,15 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
             for r in s.execute(select(limits_t))
             if r.account_id in names
         }
-        prices: dict[tuple[str, str | None], list[tuple[datetime, int]]] = {}
-        for r in s.execute(select(prices_t).order_by(prices_t.c.effective_at, prices_t.c.id)):
-            prices.setdefault((r.gres, r.partition), []).append((r.effective_at, r.ucredits_per_gpu_hour))
+        prices = load_price_table(s)
     return Snapshot(
         taken_at=now,
         marker=marker,
-        available={
-            name: int(free.get(account_id, 0)) - debt for name, (account_id, debt) in accounts.items()
-        },
-        account_ids={name: account_id for name, (account_id, _debt) in accounts.items()},
-        limits=limits,
         prices=prices,
+        available_ucredits={
+            names[account_id]: credit for account_id, credit in available.items() if account_id in names
+        },
+        limits=limits,
     )
 
 
