@@ -7,6 +7,13 @@ one JSON object per line each way; a reply is {"ok": true, "result": ...} or
 ledger itself is down, and the hooks then follow policy.on_ledger_unreachable.
 Every request is idempotent (holds by run, settles exactly once), so a client may
 retry after a timeout.
+
+No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slurmctld.
+What a request needs from Slurm (partitions and their GPU types) a background thread
+learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.slurm_facts);
+only the release loop, itself in the background, runs scontrol.
+
+SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socketserver
 import threading
 import time
@@ -21,9 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
+from gpucredit.slurm_facts import SlurmFacts
 from job_submit import answer
 from ledger.api import SnapshotKeeper
 from ledger.db import make_engine, make_sessionmaker
@@ -33,8 +42,19 @@ from slurm_hooks import service
 
 log = logging.getLogger("gpucredit.daemon")
 MAX_REQUEST_BYTES = 64 * 1024
-PARTITION_CACHE_SECONDS = 60.0
 FULL_SCAN_SECONDS = 60.0
+
+
+def top_up_hint(config: dict[str, Any]) -> str:
+    """The end of a refusal for credit: `daemon.top_up_hint`, else the portal once
+    `portal.url` is set, else the command an admin runs. "{account}" names the account."""
+    configured = config.get("daemon", {}).get("top_up_hint")
+    if configured:
+        return str(configured)
+    portal_url = config.get("portal", {}).get("url")
+    if portal_url:
+        return f"Top up at {portal_url} or ask your PI."
+    return "Ask your PI or an admin to add credit (gpucredit topup {account} AMOUNT)."
 
 
 class Daemon:
@@ -48,14 +68,8 @@ class Daemon:
         self.sessions = make_sessionmaker(self.engine)
         self.run = runner or SubprocessRunner(config["slurm"]["bin_dir"], timeout_seconds=10.0)
         self.grace_seconds = int(config["holds"]["grace_seconds"])
-        portal = config.get("portal", {})
-        self.top_up_hint = str(
-            config.get("daemon", {}).get(
-                "top_up_hint",
-                f"Top up in the portal (http://{portal.get('host')}:{portal.get('port')}/) or ask your PI.",
-            )
-        )
-        self._partition_types: tuple[float, dict[str, list[str]]] = (0.0, {})
+        self.top_up_hint = top_up_hint(config)
+        self.slurm_facts = SlurmFacts(self.run, float(config["daemon"]["slurm_refresh_seconds"]))
         self._lock = threading.Lock()
         self.snapshots = SnapshotKeeper(self.sessions)
         self.credit_held: set[int] = set()
@@ -108,24 +122,10 @@ class Daemon:
             )
         return decision
 
-    def partition_types(self, partition: str | None) -> list[str]:
-        """GPU types each partition offers, from sinfo, cached for a minute."""
-        fetched, table = self._partition_types
-        if time.monotonic() - fetched > PARTITION_CACHE_SECONDS:
-            table = {}
-            try:
-                for line in self.run(["sinfo", "-h", "-o", "%R|%G"]).splitlines():
-                    name, _sep, gres = line.partition("|")
-                    types = table.setdefault(name.strip(), [])
-                    for item in gres.split(","):
-                        parts = item.split("(")[0].split(":")
-                        if len(parts) >= 3 and parts[0] == "gpu" and parts[1] not in types:
-                            types.append(parts[1])
-                table["*"] = sorted({t for ts in table.values() for t in ts})
-            except SlurmCommandError as error:
-                log.warning("sinfo failed (%s); untyped GPUs priced over every known type", error)
-            self._partition_types = (time.monotonic(), table)
-        return table.get(partition or "", table.get("*", []))
+    def partition_types(self, partition: str | None) -> list[str] | None:
+        """GPU types `partition` offers, as last read from Slurm in the background;
+        None until the first read has succeeded. Never runs a command."""
+        return self.slurm_facts.gpu_types(partition)
 
     def handle(self, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
@@ -200,14 +200,19 @@ class Daemon:
                     if not line:
                         return
                     if len(line) > MAX_REQUEST_BYTES:
-                        reply = _error("bad_request", "request too large")
-                    else:
-                        try:
-                            reply = daemon.handle(json.loads(line))
-                        except json.JSONDecodeError:
-                            reply = _error("bad_request", "request is not JSON")
-                    self.wfile.write(json.dumps(reply, ensure_ascii=True).encode() + b"\n")
-                    self.wfile.flush()
+                        # The rest of that line is no request: answer, then hang up.
+                        self.reply(_error("bad_request", f"request longer than {MAX_REQUEST_BYTES} bytes"))
+                        return
+                    try:
+                        request = json.loads(line)
+                    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+                        self.reply(_error("bad_request", "request is not JSON"))
+                        continue
+                    self.reply(daemon.handle(request))
+
+            def reply(self, reply: dict[str, Any]) -> None:
+                self.wfile.write(json.dumps(reply, ensure_ascii=True).encode() + b"\n")
+                self.wfile.flush()
 
         class Server(socketserver.ThreadingUnixStreamServer):
             daemon_threads = True
@@ -227,6 +232,11 @@ class Daemon:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         if release_interval:
             threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
+        threading.Thread(target=self.slurm_facts.run, args=(stop,), daemon=True).start()
+        try:  # so the first quote does not wait on the database either
+            self.snapshots.refresh()
+        except SQLAlchemyError as error:
+            log.warning("reading the ledger for job_submit failed at start: %s", error)
         threading.Thread(
             target=self.snapshots.run,
             args=(stop, lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error)),
@@ -238,15 +248,31 @@ class Daemon:
             server.shutdown()
 
         threading.Thread(target=shut_down_when_stopped, daemon=True).start()
+        previous_handlers = _stop_on_signals(stop)
         log.info("gpucredit daemon listening on %s", path)
         if ready is not None:
             ready.set()
         try:
             server.serve_forever(poll_interval=0.2)
         finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
             server.server_close()
             path.unlink(missing_ok=True)
             self.engine.dispose()
+            log.info("gpucredit daemon stopped")
+
+
+def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM (systemd's stop) and SIGINT set `stop`, so `serve` returns and removes
+    its socket. Signal handlers can only be installed from the main thread; a daemon
+    served from another thread (the tests) is stopped through `stop` alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, lambda _signum, _frame: stop.set())
+    return previous
 
 
 def _unavailable() -> dict[str, Any]:

@@ -20,11 +20,18 @@ DEFAULTS: dict[str, Any] = {
     "database": {"url": None},
     "holds": {"mode": "full", "grace_seconds": 600, "lease_seconds": 900},
     "meter": {"interval_seconds": 30, "on_exhausted": "cancel"},
-    "daemon": {"socket": "/run/gpucredit/daemon.sock", "timeout_seconds": 2.0},
+    "daemon": {
+        "socket": "/run/gpucredit/daemon.sock",
+        "timeout_seconds": 2.0,
+        # None: "Top up at <portal.url> or ask your PI." once portal.url is set, else
+        # the `gpucredit topup` command (gpucredit.daemon.top_up_hint).
+        "top_up_hint": None,
+        "slurm_refresh_seconds": 60.0,  # how often the daemon re-reads partitions (sinfo)
+    },
     "policy": {"on_ledger_unreachable": "reject", "refund_node_fail": True, "epilog_grace_seconds": 300},
     "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
     "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
-    "portal": {"host": "127.0.0.1", "port": 8080},
+    "portal": {"host": "127.0.0.1", "port": 8080, "url": None},  # url: public address, shown in refusals
 }
 
 
