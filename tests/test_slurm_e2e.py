@@ -55,7 +55,6 @@ class Cluster:
         self.config_path.write_text(
             f'[database]\nurl = "{self.url}"\n'
             f'[daemon]\nsocket = "{RUN_DIR / "daemon.sock"}"\ntimeout_seconds = 2.0\n'
-            f'top_up_hint = "Top up: gpucredit topup ACCOUNT AMOUNT."\n'
             f'[policy]\non_ledger_unreachable = "{policy}"\n[slurm]\ncluster = "lab"\n'
             f'[agent]\nspool_dir = "{RUN_DIR / "spool" / "%n"}"\n'
             f'[hooks]\nlog_file = "{RUN_DIR / "hooks.log"}"\n'
@@ -225,7 +224,7 @@ def test_no_credit_is_refused_at_submit_with_cost_available_and_top_up(cluster: 
     assert rc == 1
     assert err.splitlines()[0] == (
         f"sbatch: error: gpucredit: this job would cost ~14.40 credits (2×h100 × 2 h) but only 0.00 are "
-        f"available in {account}. Top up: gpucredit topup ACCOUNT AMOUNT."
+        f"available in {account}. Ask your PI or an admin to add credit (gpucredit topup {account} AMOUNT)."
     )
     with cluster.tx() as s:
         assert api.list_holds(s, account) == []
