@@ -45,6 +45,7 @@ from slurm_hooks.client import (
     DaemonUnreachable,
 )
 from slurm_hooks.scontrol import JobInfo, ScontrolParseError, parse_job
+from slurmtext import comment_text
 
 # `typing` costs milliseconds to import and is needed only by type checkers here.
 TYPE_CHECKING = False
@@ -91,10 +92,7 @@ HOOKS = ("prolog-slurmctld", "epilog-slurmctld", "prolog", "epilog")
 # and site policy holds GPU jobs.
 UNREACHABLE_REASON = "ledger unreachable; job held by site policy, ask your admin to release it"
 
-# Slurm's comment field is free text, but keep ours short and single-line.
-MAX_COMMENT_CHARS = 240
-# The comment of a job held for credit starts with this; the daemon releases such jobs.
-HOLD_COMMENT_PREFIX = "gpucredit: "
+# AdminComment (users cannot edit it) of a job held for credit; the daemon releases such jobs.
 HOLD_ADMIN_COMMENT = "gpucredit-hold"
 
 Runner = Callable[[Sequence[str]], str]
@@ -321,15 +319,6 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
     )
 
 
-def _comment_text(message: str) -> str:
-    # One line, no `Key=` text: scontrol prints the comment inside its
-    # `Key=Value` line, and scontrol.py refuses lines where a key repeats.
-    text = re.sub(r"\s+", " ", message).replace("=", ":").strip()
-    if len(text) > MAX_COMMENT_CHARS:
-        text = text[: MAX_COMMENT_CHARS - 3] + "..."
-    return f"{HOLD_COMMENT_PREFIX}{text}"
-
-
 def hold_job_with_reason(
     job_spec: int | str, message: str, *, bin_dir: str = DEFAULT_BIN_DIR, run: Runner = run_command
 ) -> list[str]:
@@ -349,7 +338,7 @@ def hold_job_with_reason(
         "update",
         f"jobid={job_spec}",
         "priority=0",
-        f"comment={_comment_text(message)}",
+        f"comment={comment_text(message)}",
         f"admincomment={HOLD_ADMIN_COMMENT}",
     ]
     try:

@@ -10,6 +10,10 @@ name, the comment), so they could write ` TimeLimit=00:00:01` into a name to
 shrink their hold: every key we read must therefore occur exactly once, or
 the line is ambiguous and `ScontrolParseError` is raised rather than guessing.
 
+This module reads the line; the values in it (hostlists, TRES, GRES, times,
+durations) are read by `slurmtext`, Slurm's text formats in one place, with its
+strictness: a value in no form Slurm prints raises rather than being skipped.
+
 With `-d`, one `Nodes=... CPU_IDs=... Mem=... GRES=...` group follows
 `JOB_GRES=` per set of nodes with identical allocations; `Nodes=` may be a
 hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
@@ -20,28 +24,25 @@ hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 
-__all__ = [
-    "UNTYPED_GPU",
-    "JobInfo",
-    "ScontrolParseError",
-    "expand_hostlist",
-    "parse_gpu_tres",
-    "parse_index_list",
-    "parse_job",
-    "parse_job_gres",
-    "parse_line",
-    "parse_node_gres",
-    "parse_time_limit",
-    "parse_timestamp",
-]
+from slurmtext import (
+    UNTYPED_GPU,
+    SlurmTextError,
+    expand_hostlist,
+    gpus_from_tres,
+    gres_gpu_indices,
+    gres_gpus,
+    parse_duration,
+    parse_time,
+    parse_tres,
+)
 
-# GPUs with no type (gres/gpu=2 and nothing typed) are reported under this name.
-UNTYPED_GPU = "gpu"
+__all__ = ["UNTYPED_GPU", "JobInfo", "ScontrolParseError", "parse_job", "parse_line"]
 
-# A job spanning more nodes than this is garbage in the output, not a job.
-MAX_HOSTS = 100_000
+# What the hooks catch: every malformed value is slurmtext's error, and so is an
+# ambiguous or unusable line (one error type for all of Slurm's text).
+ScontrolParseError = SlurmTextError
 
 # Values that may contain spaces; only a KNOWN_KEYS key ends them.
 FREE_TEXT_KEYS = frozenset(
@@ -89,29 +90,19 @@ KNOWN_KEYS = FREE_TEXT_KEYS | frozenset(
     }
 )  # fmt: skip
 
-# Keys the hooks rely on: each must occur at most once (see module docstring).
+# Keys the hooks and the daemon rely on: each must occur at most once (see module
+# docstring). AdminComment marks a job the daemon held for credit and may release.
 UNIQUE_KEYS = frozenset(
     {
         "JobId", "UserId", "Account", "JobState", "Restarts", "TimeLimit", "SubmitTime", "StartTime",
         "EndTime", "Partition", "NodeList", "NumNodes", "TRES", "JOB_GRES", "MinCPUsNode",
+        "AdminComment",
     }
 )  # fmt: skip
 
 _KEY_START = re.compile(r"(?:^|(?<= ))([A-Za-z][A-Za-z0-9_:/\-]*)=")
 _USER = re.compile(r"(.*)\(([0-9]+)\)")
 _INT = re.compile(r"[0-9]+")
-# scontrol's `%Y-%m-%dT%H:%M:%S`, checked here and read by datetime.fromisoformat.
-_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
-_NO_TIME = frozenset({"", "Unknown", "None", "N/A", "(null)"})
-_UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "Partition_Limit", "NONE", "N/A"})
-_NODE_GRES_ITEM = re.compile(
-    r"(?P<name>[A-Za-z0-9_.\-]+)(?::(?P<type>[A-Za-z0-9_.\-]+))?(?::(?P<count>[0-9]+))?"
-    r"(?:\((?P<inner>[^)]*)\))?"
-)
-
-
-class ScontrolParseError(ValueError):
-    """The scontrol output could not be read (or could be read two ways)."""
 
 
 class JobInfo:
@@ -207,213 +198,18 @@ def parse_line(line: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_time_limit(value: str | None) -> int | None:
-    """Seconds from a Slurm duration; None for UNLIMITED (no limit).
-
-    Slurm's forms: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
-    """
-    if value is None or value.strip() in _UNLIMITED:
-        return None
-    text = value.strip()
-    days = 0
-    if "-" in text:
-        day_text, _, text = text.partition("-")
-        if not _INT.fullmatch(day_text):
-            raise ScontrolParseError(f"bad time limit {value!r}")
-        days = int(day_text)
-        parts = text.split(":")
-        if not 1 <= len(parts) <= 3 or not all(_INT.fullmatch(p) for p in parts):
-            raise ScontrolParseError(f"bad time limit {value!r}")
-        hours, minutes, seconds = ([int(p) for p in parts] + [0, 0])[:3]
-    else:
-        parts = text.split(":")
-        if not 1 <= len(parts) <= 3 or not all(_INT.fullmatch(p) for p in parts):
-            raise ScontrolParseError(f"bad time limit {value!r}")
-        numbers = [int(p) for p in parts]
-        if len(numbers) == 1:
-            hours, minutes, seconds = 0, numbers[0], 0
-        elif len(numbers) == 2:
-            hours, minutes, seconds = 0, numbers[0], numbers[1]
-        else:
-            hours, minutes, seconds = numbers
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def parse_timestamp(value: str | None, tz: tzinfo | None = None) -> datetime | None:
-    """An aware UTC datetime from scontrol's local `YYYY-MM-DDTHH:MM:SS`.
-
-    scontrol prints local time without an offset; `tz` is that zone (None:
-    this process's local zone, which is the one scontrol used).
-    """
-    if value is None or value.strip() in _NO_TIME:
-        return None
-    # Not datetime.strptime: its first call imports _strptime and builds locale
-    # tables, ~10 ms that every PrologSlurmctld would pay (fromisoformat is C).
-    text = value.strip()
-    if not _TIMESTAMP.fullmatch(text):
-        raise ScontrolParseError(f"bad timestamp {value!r}")
-    try:
-        naive = datetime.fromisoformat(text)
-    except ValueError as e:  # month 13, hour 24...
-        raise ScontrolParseError(f"bad timestamp {value!r}") from e
-    local = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()
-    return local.astimezone(UTC)
-
-
-def parse_gpu_tres(tres: str | None) -> dict[str, int]:
-    """GPU counts by type from a TRES string (`...,gres/gpu:a100=1,gres/gpu=2`).
-
-    Typed entries win; GPUs counted by `gres/gpu=N` beyond the typed ones
-    are untyped and reported as `UNTYPED_GPU`.
-    """
-    typed: dict[str, int] = {}
-    total: int | None = None
-    for item in (tres or "").split(","):
-        key, eq, value = item.strip().partition("=")
-        if not eq or not (key == "gres/gpu" or key.startswith("gres/gpu:")):
-            continue
-        if not _INT.fullmatch(value):
-            raise ScontrolParseError(f"bad GPU count in TRES item {item!r}")
-        if key == "gres/gpu":
-            total = int(value)
-        else:
-            gpu_type = key[len("gres/gpu:") :]
-            typed[gpu_type] = typed.get(gpu_type, 0) + int(value)
-    gpus = {t: n for t, n in typed.items() if n > 0}
-    untyped = (total or 0) - sum(gpus.values())
-    if untyped > 0:
-        gpus[UNTYPED_GPU] = gpus.get(UNTYPED_GPU, 0) + untyped
-    return gpus
-
-
-def _split_outside_parens(text: str) -> list[str]:
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth = max(depth - 1, 0)
-        elif char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item.strip() for item in items if item.strip()]
-
-
-def parse_job_gres(value: str | None) -> dict[str, int]:
-    """GPU counts by type from `JOB_GRES=gpu:a100:1,gpu:h100:1` (or `gpu:2`)."""
+def _job_gres(value: str) -> dict[str, int]:
+    """GPU totals by type from `JOB_GRES=gpu:a100:1,gpu:2`; untyped ones as UNTYPED_GPU."""
     gpus: dict[str, int] = {}
-    if value is None or value.strip() in ("", "(null)", "N/A"):
-        return gpus
-    for item in _split_outside_parens(value):
-        match = _NODE_GRES_ITEM.fullmatch(item)
-        if not match:
-            raise ScontrolParseError(f"bad GRES item {item!r}")
-        if match["name"] != "gpu":
-            continue
-        gpu_type, count = _type_and_count(match)
-        if count is None:
-            count = len(_indices_of(match["inner"]))
-        if count > 0:
-            gpus[gpu_type] = gpus.get(gpu_type, 0) + count
+    for gpu_type, count in gres_gpus(value).items():
+        name = gpu_type or UNTYPED_GPU
+        gpus[name] = gpus.get(name, 0) + count
     return gpus
 
 
-def _type_and_count(match: re.Match[str]) -> tuple[str, int | None]:
-    gpu_type, count = match["type"], match["count"]
-    if count is None and gpu_type is not None and _INT.fullmatch(gpu_type):
-        gpu_type, count = None, gpu_type  # gpu:2 is a count, not a type
-    return gpu_type or UNTYPED_GPU, int(count) if count is not None else None
-
-
-def _indices_of(inner: str | None) -> list[int]:
-    if not inner or not inner.startswith("IDX:"):
-        return []
-    return parse_index_list(inner[len("IDX:") :])
-
-
-def parse_index_list(spec: str) -> list[int]:
-    """`0-1,3` -> [0, 1, 3]; `N/A` or empty -> []."""
-    spec = spec.strip()
-    if spec in ("", "N/A", "(null)"):
-        return []
-    indices: list[int] = []
-    for part in spec.split(","):
-        first, dash, last = part.strip().partition("-")
-        if not _INT.fullmatch(first) or (dash and not _INT.fullmatch(last)):
-            raise ScontrolParseError(f"bad GPU index list {spec!r}")
-        low, high = int(first), int(last) if dash else int(first)
-        if high < low or high - low > 4096:
-            raise ScontrolParseError(f"bad GPU index range {part!r}")
-        indices.extend(range(low, high + 1))
-    return indices
-
-
-def parse_node_gres(value: str | None) -> dict[int, str]:
-    """Node-local GPU index -> type from a `-d` group's `GRES=` value.
-
-    `gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)` -> {0: "a100", 2: "h100"}.
-    """
-    by_index: dict[int, str] = {}
-    if value is None or value.strip() in ("", "(null)", "N/A"):
-        return by_index
-    for item in _split_outside_parens(value):
-        match = _NODE_GRES_ITEM.fullmatch(item)
-        if not match:
-            raise ScontrolParseError(f"bad GRES item {item!r}")
-        if match["name"] != "gpu":
-            continue
-        gpu_type, _ = _type_and_count(match)
-        for index in _indices_of(match["inner"]):
-            by_index[index] = gpu_type
-    return by_index
-
-
-def _split_brackets(text: str) -> list[str]:
-    """Split a hostlist on commas that are not inside [...]."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ScontrolParseError(f"bad hostlist {text!r}")
-        elif char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ScontrolParseError(f"bad hostlist {text!r}")
-    items.append(text[start:])
-    return [item.strip() for item in items if item.strip()]
-
-
-def _expand_host(pattern: str, out: list[str]) -> None:
-    open_at = pattern.find("[")
-    if open_at < 0:
-        out.append(pattern)
-        return
-    close_at = pattern.index("]", open_at)
-    prefix, body, suffix = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
-    for part in body.split(","):
-        first, dash, last = part.strip().partition("-")
-        if not _INT.fullmatch(first) or (dash and not _INT.fullmatch(last)):
-            raise ScontrolParseError(f"bad hostlist range {part!r} in {pattern!r}")
-        width = len(first)
-        for number in range(int(first), (int(last) if dash else int(first)) + 1):
-            if len(out) >= MAX_HOSTS:
-                raise ScontrolParseError(f"hostlist {pattern!r} is too long")
-            _expand_host(f"{prefix}{number:0{width}d}{suffix}", out)
-
-
-def expand_hostlist(expr: str | None) -> list[str]:
-    """`node[1-2,5],gpu07` -> ["node1", "node2", "node5", "gpu07"]."""
-    hosts: list[str] = []
-    if expr is None or expr.strip() in ("", "(null)", "None"):
-        return hosts
-    for item in _split_brackets(expr.strip()):
-        _expand_host(item, hosts)
-    return hosts
+def _time_limit(value: str | None) -> int | None:
+    # No TimeLimit key reads as no limit (None), like UNLIMITED: the caller decides.
+    return None if value is None else parse_duration(value)
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -448,7 +244,7 @@ def _node_groups(pairs: list[tuple[str, str]]) -> dict[str, dict[int, str]]:
             for node in current:
                 node_gpus.setdefault(node, {})
         elif key == "GRES":
-            by_index = parse_node_gres(value)
+            by_index = gres_gpu_indices(value)
             for node in current:
                 node_gpus[node].update(by_index)
     return {node: gpus for node, gpus in node_gpus.items() if gpus}
@@ -484,9 +280,9 @@ def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) ->
             uid = int(user)
             user = None
 
-    gpus = parse_gpu_tres(fields.get("TRES"))
+    gpus = gpus_from_tres(parse_tres(fields.get("TRES", "")))
     if not gpus:
-        gpus = parse_job_gres(fields.get("JOB_GRES"))
+        gpus = _job_gres(fields.get("JOB_GRES", ""))
     restarts = _int_or_none(fields.get("Restarts"))
     return JobInfo(
         job_id=parsed_id,
@@ -498,10 +294,10 @@ def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) ->
         restarts=restarts or 0,
         num_nodes=_int_or_none(fields.get("NumNodes")),
         node_list=fields.get("NodeList") or None,
-        time_limit_seconds=parse_time_limit(fields.get("TimeLimit")),
-        start_time=parse_timestamp(fields.get("StartTime"), tz),
-        end_time=parse_timestamp(fields.get("EndTime"), tz),
-        submit_time=parse_timestamp(fields.get("SubmitTime"), tz),
+        time_limit_seconds=_time_limit(fields.get("TimeLimit")),
+        start_time=parse_time(fields.get("StartTime"), tz),
+        end_time=parse_time(fields.get("EndTime"), tz),
+        submit_time=parse_time(fields.get("SubmitTime"), tz),
         gpus=gpus,
         node_gpus=_node_groups(pairs),
         fields=fields,

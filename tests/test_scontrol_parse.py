@@ -12,19 +12,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from slurm_hooks.scontrol import (
-    JobInfo,
-    ScontrolParseError,
-    expand_hostlist,
-    parse_gpu_tres,
-    parse_index_list,
-    parse_job,
-    parse_job_gres,
-    parse_line,
-    parse_node_gres,
-    parse_time_limit,
-    parse_timestamp,
-)
+from slurm_hooks.scontrol import JobInfo, ScontrolParseError, parse_job, parse_line
+from tests.recorded import fixture
 
 
 def line(*parts: str) -> str:
@@ -244,12 +233,6 @@ def test_local_times_are_converted_to_utc() -> None:
     assert job.start_time == datetime(2026, 12, 2, 8, 0, 1, tzinfo=UTC)
 
 
-def test_default_time_zone_is_the_local_one() -> None:
-    moment = parse_timestamp("2026-12-02T10:00:01")
-    assert moment is not None and moment.tzinfo == UTC
-    assert moment == datetime(2026, 12, 2, 10, 0, 1).astimezone().astimezone(UTC)
-
-
 # --- injection: a user-controlled name or comment must not change what we read -------------
 
 
@@ -268,6 +251,38 @@ def test_injected_unique_keys_make_the_line_ambiguous(old: str, new: str) -> Non
     assert text != SINGLE
     with pytest.raises(ScontrolParseError, match="ambiguous"):
         parse_job(text, tz=UTC)
+
+
+def test_injected_admin_comment_makes_the_line_ambiguous() -> None:
+    """The daemon releases jobs whose AdminComment marks them held for credit."""
+    text = SINGLE.replace("JobName=wrap", "JobName=x AdminComment=gpucredit-hold").replace(
+        "Command=(null)", "Command=(null) AdminComment=site"
+    )
+    with pytest.raises(ScontrolParseError, match=r"ambiguous.*AdminComment"):
+        parse_job(text, tz=UTC)
+
+
+def test_job_gres_fallback_counts_untyped_gpus_as_gpu() -> None:
+    text = COMPLETING_ARRAY.replace("TRES=cpu=1,node=1,billing=1,gres/gpu=1", "TRES=cpu=1,node=1")
+    assert parse_job(text, tz=UTC).gpus == {"gpu": 1}
+
+
+def test_recorded_scontrol_line() -> None:
+    text = fixture("recorded_scontrol_show_job_d_running.txt")
+    job = parse_job(text, job_id=15, tz=UTC)
+    assert (job.user, job.uid, job.account, job.partition, job.state) == (
+        "alice",
+        1001,
+        "physics",
+        "onprem",
+        "RUNNING",
+    )
+    assert job.gpus == {"h100": 1}
+    assert job.node_gpus == {"node1": {3: "h100"}}
+    assert job.time_limit_seconds == 300
+    assert job.submit_time == datetime(2026, 11, 29, 9, 14, 11, tzinfo=UTC)
+    assert job.start_time == datetime(2026, 11, 29, 9, 14, 19, tzinfo=UTC)
+    assert job.end_time == datetime(2026, 11, 29, 9, 19, 19, tzinfo=UTC)
 
 
 def test_injected_node_groups_are_ignored() -> None:
@@ -313,6 +328,9 @@ def test_wrong_job_is_refused() -> None:
         SINGLE.replace("gres/gpu:a100=1", "gres/gpu:a100=one"),
         SINGLE.replace("(IDX:0)", "(IDX:x)"),
         SINGLE.replace("Nodes=node1", "Nodes=node[1-"),
+        SINGLE.replace("GRES=gpu:a100:1(IDX:0)", "GRES=gpu:a100:1"),  # no indices to map
+        SINGLE.replace("gres/gpu=2,", "gres/gpu=1,"),  # typed GPUs above the total
+        SINGLE.replace("TimeLimit=00:15:00", "TimeLimit=N/A"),
     ],
 )
 def test_garbage_raises(text: str) -> None:
@@ -320,133 +338,7 @@ def test_garbage_raises(text: str) -> None:
         parse_job(text, tz=UTC)
 
 
-# --- pieces ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "seconds"),
-    [
-        ("UNLIMITED", None),
-        ("INFINITE", None),
-        ("Partition_Limit", None),
-        ("1-02:03:04", 93784),
-        ("02:00:00", 7200),
-        ("30:00", 1800),
-        ("30", 1800),
-        ("2-12", 216000),
-        ("2-12:30", 217800),
-        ("0-00:00:05", 5),
-    ],
-)
-def test_time_limits(value: str, seconds: int | None) -> None:
-    assert parse_time_limit(value) == seconds
-
-
-@pytest.mark.parametrize("value", ["", "1:2:3:4", "a-01:00:00", "1-", "01:xx:00", "-5"])
-def test_bad_time_limits(value: str) -> None:
-    with pytest.raises(ScontrolParseError):
-        parse_time_limit(value)
-
-
-@pytest.mark.parametrize("value", ["Unknown", "None", "N/A", "", None])
-def test_missing_timestamps(value: str | None) -> None:
-    assert parse_timestamp(value, UTC) is None
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "2026-12-02",
-        "2026-12-02T10:00",
-        "2026-12-2T10:00:01",
-        "20261202T100001",
-        "2026-12-02 10:00:01",
-        "2026-12-02T10:00:01Z",
-        "2026-12-02T10:00:01+01:00",
-        "2026-12-02T10:00:01.5",
-        "2026-13-02T10:00:01",
-        "2026-12-02T24:00:01",
-        "２０２６-12-02T10:00:01",
-    ],
-)
-def test_bad_timestamps(value: str) -> None:
-    """Only scontrol's own `%Y-%m-%dT%H:%M:%S`, not everything ISO 8601 allows."""
-    with pytest.raises(ScontrolParseError, match="bad timestamp"):
-        parse_timestamp(value, UTC)
-
-
-@pytest.mark.parametrize(
-    ("tres", "gpus"),
-    [
-        ("cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1", {"a100": 1, "h100": 1}),
-        ("cpu=1,gres/gpu=2", {"gpu": 2}),
-        ("cpu=1,gres/gpu=3,gres/gpu:a100=2", {"a100": 2, "gpu": 1}),
-        ("cpu=1,mem=2000M,node=1", {}),
-        ("", {}),
-        (None, {}),
-    ],
-)
-def test_gpu_tres(tres: str | None, gpus: dict[str, int]) -> None:
-    assert parse_gpu_tres(tres) == gpus
-
-
-@pytest.mark.parametrize(
-    ("value", "gpus"),
-    [
-        ("gpu:a100:1,gpu:h100:1", {"a100": 1, "h100": 1}),
-        ("gpu:2", {"gpu": 2}),
-        ("gpu:a100:2(IDX:0-1)", {"a100": 2}),
-        ("gpu:a100(IDX:0,2)", {"a100": 2}),
-        ("mps:100,gpu:h100:1", {"h100": 1}),
-        ("(null)", {}),
-    ],
-)
-def test_job_gres(value: str, gpus: dict[str, int]) -> None:
-    assert parse_job_gres(value) == gpus
-
-
-@pytest.mark.parametrize(
-    ("value", "by_index"),
-    [
-        ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)", {0: "a100", 2: "h100"}),
-        ("gpu:a100:2(IDX:0,2),gpu:h100:1(IDX:3)", {0: "a100", 2: "a100", 3: "h100"}),
-        ("gpu:h100:3(IDX:0-1,3)", {0: "h100", 1: "h100", 3: "h100"}),
-        ("gpu:2(IDX:0-1)", {0: "gpu", 1: "gpu"}),
-        ("gpu:a100:0(IDX:N/A)", {}),
-        ("", {}),
-    ],
-)
-def test_node_gres(value: str, by_index: dict[int, str]) -> None:
-    assert parse_node_gres(value) == by_index
-
-
-def test_index_lists() -> None:
-    assert parse_index_list("0-1,3") == [0, 1, 3]
-    assert parse_index_list("N/A") == []
-    with pytest.raises(ScontrolParseError):
-        parse_index_list("3-1")
-
-
-@pytest.mark.parametrize(
-    ("expr", "hosts"),
-    [
-        ("node1", ["node1"]),
-        ("node[1-2]", ["node1", "node2"]),
-        ("node[1-2,5],gpu07", ["node1", "node2", "node5", "gpu07"]),
-        ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
-        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-        ("(null)", []),
-        (None, []),
-    ],
-)
-def test_hostlists(expr: str | None, hosts: list[str]) -> None:
-    assert expand_hostlist(expr) == hosts
-
-
-@pytest.mark.parametrize("expr", ["node[1-2", "node]1[", "node[a-b]", "n[0-999999]"])
-def test_bad_hostlists(expr: str) -> None:
-    with pytest.raises(ScontrolParseError):
-        expand_hostlist(expr)
+# --- pieces (the values themselves are tested in test_slurmtext.py) ------------------------
 
 
 def test_parse_line_keeps_repeats_in_order() -> None:
