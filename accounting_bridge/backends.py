@@ -38,7 +38,7 @@ import pwd
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
@@ -47,17 +47,22 @@ from accounting_bridge.sacct import (
     ParseResult,
     SqueueJob,
     SqueueResult,
-    expand_hostlist,
-    gpus_from_tres,
     parse_json,
     parse_parsable2,
     parse_squeue_json,
-    parse_tres,
     sacct_argv,
     sacct_jobs_argv,
     squeue_argv,
 )
 from accounting_bridge.slurmcmd import Runner
+from slurmtext import (
+    JobSpec,
+    expand_hostlist,
+    gpus_from_tres,
+    parse_limit_minutes,
+    parse_tres,
+    time_from_epoch,
+)
 
 __all__ = [
     "DEFAULT_ATTEMPT_LOOKBACK",
@@ -207,8 +212,9 @@ class PyslurmSource:
 
 
 def _job_from_pyslurm(record: Mapping[str, Any], cluster: str, position: int) -> SqueueJob:
-    def epoch(value: Any) -> datetime | None:
-        return datetime.fromtimestamp(int(value), UTC) if value else None
+    def epoch(key: str) -> datetime | None:
+        value = record.get(key)
+        return None if value is None else time_from_epoch(int(value))
 
     limit = record.get("time_limit")
     alloc = parse_tres(record.get("tres_alloc_str") or "")
@@ -218,25 +224,25 @@ def _job_from_pyslurm(record: Mapping[str, Any], cluster: str, position: int) ->
     het_job_id = record.get("het_job_id") or None
     het_offset = record.get("het_job_offset")
     if het_job_id is not None:
-        display_id = f"{het_job_id}+{het_offset}"
+        spec = JobSpec(het_job_id, het_offset=het_offset)
     elif array_job_id is not None:
-        display_id = f"{array_job_id}_{array_task_id}"
+        spec = JobSpec(array_job_id, array_task_id=array_task_id)
     else:
-        display_id = str(job_id)
-    nodes = expand_hostlist(record.get("nodes") or "") if alloc else ()
+        spec = JobSpec(job_id)
+    nodes = tuple(expand_hostlist(record.get("nodes") or "")) if alloc else ()
     return SqueueJob(
         cluster=cluster,
         job_id=job_id,
-        display_id=display_id,
+        display_id=str(spec),
         run=int(record["restart_cnt"]),
         user=_user_name(int(record["user_id"])),
         account=record.get("account") or "",
         partition=record.get("partition") or "",
         state=str(record["job_state"]),
-        submit=epoch(record.get("submit_time")),
-        start=epoch(record.get("start_time")),
-        end=epoch(record.get("end_time")),
-        time_limit_seconds=int(limit) * 60 if isinstance(limit, int) else None,
+        submit=epoch("submit_time"),
+        start=epoch("start_time"),
+        end=epoch("end_time"),
+        time_limit_seconds=parse_limit_minutes(limit) if isinstance(limit, int) else None,
         gpus=gpus_from_tres(alloc),
         requested_gpus=gpus_from_tres(parse_tres(record.get("tres_req_str") or "")),
         nodes=nodes,

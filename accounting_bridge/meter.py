@@ -27,7 +27,6 @@ failover post the same target, and the ledger ignores a target a hold already re
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from ledger import api
 from ledger.errors import LedgerError
 from ledger.money import format_credits
 from ledger.timeutil import MAX_JOB_SECONDS, format_time, utcnow
+from slurmtext import comment_text
 
 __all__ = [
     "ACTIONS",
@@ -66,9 +66,6 @@ ACTIONS = ("cancel", "notify")
 MAX_WORKERS = 32
 # Active holds one tick reads; past it the newest holds wait (and the tick says so).
 MAX_ACTIVE_HOLDS = 200_000
-# Slurm's comment is free text, but ours stays one short line (it shows in squeue -o %k).
-MAX_COMMENT_CHARS = 240
-COMMENT_PREFIX = "gpucredit: cancelled: "
 
 Sessions = Callable[[], AbstractContextManager[Session]]
 
@@ -148,19 +145,10 @@ def renew_leases(s: Session, account: str, charged: list[api.HoldState], now: da
     raise NotImplementedError("lease mode: hold renewal is not implemented yet")
 
 
-def _comment(reason: str) -> str:
-    # One line without '=': scontrol prints the comment inside `Key=Value` text.
-    text = re.sub(r"\s+", " ", reason).replace("=", ":").strip()
-    limit = MAX_COMMENT_CHARS - len(COMMENT_PREFIX)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return COMMENT_PREFIX + text
-
-
 def cancel_argvs(job_spec: str, reason: str) -> list[list[str]]:
     """The comment first, so the owner sees why in `squeue -o %k`/`sacct -o Comment`; then scancel."""
     return [
-        ["scontrol", "update", f"jobid={job_spec}", f"comment={_comment(reason)}"],
+        ["scontrol", "update", f"jobid={job_spec}", f"comment={comment_text(f'cancelled: {reason}')}"],
         ["scancel", job_spec],
     ]
 

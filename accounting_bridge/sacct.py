@@ -10,6 +10,10 @@ They never raise on bad input and never drop a line silently: every non-empty
 input line ends up as a run, an error, or (for step lines such as ``1.batch``,
 which carry nothing we charge for) in ``skipped_step_lines``.
 
+The values inside a record (TRES, GRES detail, hostlists, times, limits, job
+ids) are read by :mod:`slurmtext`, Slurm's text formats in one place; a value it
+refuses (:class:`slurmtext.SlurmTextError`) makes its line or entry an error.
+
 Facts these parsers rely on (Slurm 22.05.8, see docs/slurm-facts.md §7, §10):
 
 * The allocation line is what we charge: it covers all nodes of a multi-node
@@ -42,6 +46,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
+from slurmtext import (
+    JobSpec,
+    SlurmTextError,
+    expand_hostlist,
+    format_time,
+    gpus_from_tres,
+    gres_gpu_indices,
+    parse_job_spec,
+    parse_limit_minutes,
+    parse_time,
+    parse_tres,
+    time_from_epoch,
+)
+
 __all__ = [
     "ALLOCATED_STATES",
     "SACCT_FIELDS",
@@ -51,15 +69,9 @@ __all__ = [
     "SacctRun",
     "SqueueJob",
     "SqueueResult",
-    "expand_hostlist",
-    "format_sacct_time",
-    "gpus_from_tres",
-    "parse_gres_detail",
     "parse_json",
     "parse_parsable2",
-    "parse_sacct_time",
     "parse_squeue_json",
-    "parse_tres",
     "sacct_argv",
     "sacct_jobs_argv",
     "squeue_argv",
@@ -109,15 +121,8 @@ TERMINAL_STATES = frozenset(
 # reads COMPLETING, one whose nodes are booting reads CONFIGURING.
 ALLOCATED_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"})
 
-_SACCT_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
-_NO_TIME = frozenset({"", "Unknown", "None"})
-_NO_NODES = frozenset({"", "None assigned", "(null)"})
-_NO_TIME_LIMIT = frozenset({"", "UNLIMITED", "Partition_Limit"})
 _STATE_RE = re.compile(r"^(?P<state>[A-Z][A-Z_]*)(?: by (?P<by>\d+))?$")
-_DISPLAY_ID_RE = re.compile(r"^(?P<base>\d+)(?:_(?P<task>\d+)|_\[(?P<tasks>[^\]]*)\]|\+(?P<offset>\d+))?$")
 _ERROR_LINE_MAX_CHARS = 500
-_SLURM_NO_VAL = 0xFFFFFFFE
-_SLURM_INFINITE = 0xFFFFFFFF
 
 
 # --------------------------------------------------------------------------- records
@@ -251,19 +256,7 @@ class SqueueResult:
         return not self.errors
 
 
-class _Invalid(ValueError):
-    """Internal: one field of one record is malformed."""
-
-
 # --------------------------------------------------------------------------- argv
-
-
-def format_sacct_time(when: datetime, tz: tzinfo | None = None) -> str:
-    """An aware datetime as sacct's -S/-E expect it: local wall time, no zone."""
-    if when.tzinfo is None or when.utcoffset() is None:
-        raise ValueError(f"need an aware datetime, got naive {when!r}")
-    local = when.astimezone(tz) if tz is not None else when.astimezone()
-    return local.strftime(_SACCT_TIME_FORMAT)
 
 
 def sacct_argv(
@@ -284,7 +277,7 @@ def sacct_argv(
     argv = ["sacct", "--allusers"]
     if cluster is not None:
         argv += ["--clusters", cluster]
-    argv += ["--starttime", format_sacct_time(since, tz), "--endtime", format_sacct_time(until, tz)]
+    argv += ["--starttime", format_time(since, tz), "--endtime", format_time(until, tz)]
     if json_format:
         return [*argv, "--json"]
     return [
@@ -323,191 +316,36 @@ def squeue_argv() -> list[str]:
 # --------------------------------------------------------------------------- field helpers
 
 
-def parse_sacct_time(text: str, tz: tzinfo | None = None) -> datetime | None:
-    """sacct's local ``YYYY-MM-DDTHH:MM:SS`` as aware UTC; Unknown/None/'' -> None.
-
-    ``tz`` is the zone sacct printed in (that of the sacct process); None means
-    this machine's local zone.
-    """
-    if text in _NO_TIME:
-        return None
-    try:
-        naive = datetime.strptime(text, _SACCT_TIME_FORMAT)
-    except ValueError:
-        raise _Invalid(f"bad time {text!r} (want YYYY-MM-DDTHH:MM:SS, Unknown or None)") from None
-    try:
-        local = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()
-        return local.astimezone(UTC)
-    except (OverflowError, OSError, ValueError) as exc:  # out of the platform's range
-        raise _Invalid(f"time {text!r} cannot be converted: {exc}") from None
-
-
-def parse_tres(text: str) -> dict[str, str]:
-    """``billing=1,cpu=1,gres/gpu:a100=1,mem=2000M`` -> {name: value}."""
-    if text == "":
-        return {}
-    result: dict[str, str] = {}
-    for piece in text.split(","):
-        name, sep, value = piece.partition("=")
-        if not sep or not name or not value:
-            raise _Invalid(f"bad TRES entry {piece!r} in {text!r}")
-        if name in result:
-            raise _Invalid(f"TRES {name!r} listed twice in {text!r}")
-        result[name] = value
-    return result
-
-
-def gpus_from_tres(tres: Mapping[str, str | int]) -> dict[str, int]:
-    """GPUs per type from TRES entries.
-
-    Typed entries (``gres/gpu:a100``) win. ``gres/gpu`` is the total; with no
-    typed entries it becomes type ``"gpu"``; GPUs in the total beyond the typed
-    ones (a type missing from AccountingStorageTRES) are also kept as ``"gpu"``
-    rather than dropped.
-    """
-    typed: dict[str, int] = {}
-    total: int | None = None
-    for name, raw in tres.items():
-        if name != "gres/gpu" and not name.startswith("gres/gpu:"):
-            continue  # cpu, mem, node, billing, gres/gpumem, ...
-        count = _count(raw, name)
-        if name == "gres/gpu":
-            total = count
-        else:
-            gpu_type = name[len("gres/gpu:") :]
-            if not gpu_type:
-                raise _Invalid(f"empty GPU type in {name!r}")
-            if count:
-                typed[gpu_type] = typed.get(gpu_type, 0) + count
-    typed_sum = sum(typed.values())
-    if total is not None:
-        if typed_sum > total:
-            raise _Invalid(f"typed GPU counts {typed} exceed the gres/gpu total {total}")
-        if total > typed_sum:
-            typed["gpu"] = typed.get("gpu", 0) + total - typed_sum
-    return typed
-
-
-def _count(raw: str | int, name: str) -> int:
-    if isinstance(raw, bool):
-        raise _Invalid(f"bad count {raw!r} for {name}")
-    if isinstance(raw, int):
-        value = raw
-    elif raw.isascii() and raw.isdigit():
-        value = int(raw)
-    else:
-        raise _Invalid(f"bad count {raw!r} for {name}")
-    if value < 0:
-        raise _Invalid(f"negative count {value} for {name}")
-    return value
-
-
-def expand_hostlist(expression: str) -> tuple[str, ...]:
-    """Slurm hostlist ``node[1-3,7],gpu-[01-02]`` -> ('node1', ..., 'gpu-02').
-
-    ``None assigned`` (never allocated) and '' give ().
-    """
-    if expression in _NO_NODES:
-        return ()
-    hosts: list[str] = []
-    for item in _split_top_level(expression, ","):
-        if not item:
-            raise _Invalid(f"empty host in hostlist {expression!r}")
-        hosts.extend(_expand_host(item, expression))
-    return tuple(hosts)
-
-
-def _split_top_level(text: str, separator: str) -> list[str]:
-    parts: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for char in text:
-        if char in "[(":
-            depth += 1
-        elif char in "])":
-            depth -= 1
-            if depth < 0:
-                raise _Invalid(f"unbalanced brackets in {text!r}")
-        if char == separator and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    if depth != 0:
-        raise _Invalid(f"unbalanced brackets in {text!r}")
-    parts.append("".join(current))
-    return parts
-
-
-_HOSTLIST_MAX_HOSTS = 100_000  # a bracket typo must not allocate the world
-
-
-def _expand_host(item: str, expression: str) -> list[str]:
-    match = re.search(r"\[([^\[\]]*)\]", item)
-    if match is None:
-        if "[" in item or "]" in item:
-            raise _Invalid(f"bad hostlist {expression!r}")
-        return [item]
-    prefix, suffix = item[: match.start()], item[match.end() :]
-    names: list[str] = []
-    for part in match.group(1).split(","):
-        low, dash, high = part.partition("-")
-        if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
-            raise _Invalid(f"bad range {part!r} in hostlist {expression!r}")
-        first, last = int(low), int(high) if dash else int(low)
-        if last < first or last - first > _HOSTLIST_MAX_HOSTS:
-            raise _Invalid(f"bad range {part!r} in hostlist {expression!r}")
-        width = len(low)
-        names.extend(f"{prefix}{number:0{width}d}" for number in range(first, last + 1))
-    result: list[str] = []
-    for name in names:  # further bracket groups: rack[1-2]-node[1-2]
-        result.extend(_expand_host(name + suffix, expression))
-        if len(result) > _HOSTLIST_MAX_HOSTS:
-            raise _Invalid(f"hostlist {expression!r} is too large")
-    return result
-
-
 def _parse_display_id(display: str, job_id: int) -> dict[str, Any]:
-    match = _DISPLAY_ID_RE.match(display)
-    if match is None:
-        raise _Invalid(f"bad JobID {display!r}")
-    base = int(match["base"])
+    spec = parse_job_spec(display)
     ids: dict[str, Any] = {
         "array_job_id": None,
         "array_task_id": None,
         "het_job_id": None,
         "het_offset": None,
     }
-    if match["task"] is not None:
-        ids["array_job_id"], ids["array_task_id"] = base, int(match["task"])
-    elif match["tasks"] is not None:
-        ids["array_job_id"] = base  # pending array tasks not yet split off
-    elif match["offset"] is not None:
-        ids["het_job_id"], ids["het_offset"] = base, int(match["offset"])
-        if ids["het_offset"] == 0 and base != job_id:
-            raise _Invalid(f"het leader {display!r} has raw id {job_id}, expected {base}")
-    elif base != job_id:
-        raise _Invalid(f"JobID {display!r} and JobIDRaw {job_id} disagree")
+    if spec.is_array:  # 6_2, or 6_[0-2]: pending array tasks not yet split off
+        ids["array_job_id"], ids["array_task_id"] = spec.base_id, spec.array_task_id
+    elif spec.het_offset is not None:
+        ids["het_job_id"], ids["het_offset"] = spec.base_id, spec.het_offset
+        if spec.het_offset == 0 and spec.base_id != job_id:
+            raise SlurmTextError(f"het leader {display!r} has raw id {job_id}, expected {spec.base_id}")
+    elif spec.base_id != job_id:
+        raise SlurmTextError(f"JobID {display!r} and JobIDRaw {job_id} disagree")
     return ids
 
 
 def _parse_state(text: str) -> tuple[str, str | None]:
     match = _STATE_RE.match(text)
     if match is None:
-        raise _Invalid(f"bad State {text!r}")
+        raise SlurmTextError(f"bad State {text!r}")
     return match["state"], match["by"]
 
 
 def _parse_int(text: str, what: str) -> int:
     if not (text.isascii() and text.isdigit()):
-        raise _Invalid(f"bad {what} {text!r} (want a non-negative integer)")
+        raise SlurmTextError(f"bad {what} {text!r} (want a non-negative integer)")
     return int(text)
-
-
-def _parse_time_limit_minutes(text: str) -> int | None:
-    if text in _NO_TIME_LIMIT:
-        return None
-    return _parse_int(text, "TimelimitRaw") * 60
 
 
 def _clip(line: str) -> str:
@@ -565,13 +403,13 @@ def parse_parsable2(text: str, *, tz: tzinfo | None = None) -> ParseResult:
             continue
         try:
             if len(parts) != len(SACCT_FIELDS):
-                raise _Invalid(
+                raise SlurmTextError(
                     f"expected {len(SACCT_FIELDS)} '|'-separated fields "
                     f"({','.join(SACCT_FIELDS)}), got {len(parts)}"
                 )
             row = dict(zip(SACCT_FIELDS, parts, strict=True))
             runs.append(_run_from_row(row, line_no, tz))
-        except _Invalid as exc:
+        except SlurmTextError as exc:
             job_id = parts[0] if parts[0].isascii() and parts[0].isdigit() else None
             result.errors.append(ParseError(line_no, _clip(line), str(exc), int(job_id) if job_id else None))
     result.runs = _assign_runs(runs)
@@ -582,13 +420,13 @@ def _run_from_row(row: Mapping[str, str], line_no: int, tz: tzinfo | None) -> Sa
     job_id = _parse_int(row["JobIDRaw"], "JobIDRaw")
     ids = _parse_display_id(row["JobID"], job_id)
     if not row["Cluster"]:
-        raise _Invalid("empty Cluster")
+        raise SlurmTextError("empty Cluster")
     state, by = _parse_state(row["State"])
     alloc_tres = parse_tres(row["AllocTRES"])
-    nodes = expand_hostlist(row["NodeList"]) if alloc_tres else ()
+    nodes = tuple(expand_hostlist(row["NodeList"])) if alloc_tres else ()
     node_count = _parse_int(row["NNodes"], "NNodes") if alloc_tres else 0
     if nodes and len(nodes) != node_count:
-        raise _Invalid(f"NodeList {row['NodeList']!r} has {len(nodes)} nodes, NNodes {node_count}")
+        raise SlurmTextError(f"NodeList {row['NodeList']!r} has {len(nodes)} nodes, NNodes {node_count}")
     return SacctRun(
         cluster=row["Cluster"],
         job_id=job_id,
@@ -598,11 +436,11 @@ def _run_from_row(row: Mapping[str, str], line_no: int, tz: tzinfo | None) -> Sa
         account=row["Account"],
         partition=row["Partition"],
         state=state,
-        submit=parse_sacct_time(row["Submit"], tz),
-        start=parse_sacct_time(row["Start"], tz),
-        end=parse_sacct_time(row["End"], tz),
+        submit=parse_time(row["Submit"], tz),
+        start=parse_time(row["Start"], tz),
+        end=parse_time(row["End"], tz),
         elapsed_seconds=_parse_int(row["ElapsedRaw"], "ElapsedRaw"),
-        time_limit_seconds=_parse_time_limit_minutes(row["TimelimitRaw"]),
+        time_limit_seconds=parse_limit_minutes(row["TimelimitRaw"]),
         gpus=gpus_from_tres(alloc_tres),
         requested_gpus=gpus_from_tres(parse_tres(row["ReqTRES"])),
         nodes=nodes,
@@ -621,7 +459,7 @@ def _get(obj: Any, path: str) -> Any:
     current = obj
     for key in path.split("."):
         if not isinstance(current, dict) or key not in current:
-            raise _Invalid(f"missing {path!r}")
+            raise SlurmTextError(f"missing {path!r}")
         current = current[key]
     return current
 
@@ -629,13 +467,13 @@ def _get(obj: Any, path: str) -> Any:
 def _opt(obj: Any, path: str) -> Any:
     try:
         return _get(obj, path)
-    except _Invalid:
+    except SlurmTextError:
         return None
 
 
 def _json_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Invalid(f"bad {what} {value!r} (want a non-negative integer)")
+        raise SlurmTextError(f"bad {what} {value!r} (want a non-negative integer)")
     return value
 
 
@@ -647,32 +485,25 @@ def _json_str(value: Any, what: str, *, allow_none: bool = True) -> str:
     if value is None and allow_none:
         return ""
     if not isinstance(value, str):
-        raise _Invalid(f"bad {what} {value!r} (want a string)")
+        raise SlurmTextError(f"bad {what} {value!r} (want a string)")
     return value
 
 
 def _epoch(value: Any, what: str) -> datetime | None:
     seconds = _json_opt_int(value, what)
-    if seconds is None or seconds == 0 or seconds in (_SLURM_NO_VAL, _SLURM_INFINITE):
-        return None
-    try:
-        return datetime.fromtimestamp(seconds, UTC)
-    except (OverflowError, OSError, ValueError):
-        raise _Invalid(f"bad {what} {value!r}") from None
+    return None if seconds is None else time_from_epoch(seconds)
 
 
 def _minutes(value: Any, what: str) -> int | None:
     minutes = _json_opt_int(value, what)
-    if minutes is None or minutes in (_SLURM_NO_VAL, _SLURM_INFINITE):
-        return None
-    return minutes * 60
+    return None if minutes is None else parse_limit_minutes(minutes)
 
 
 def _tres_list(value: Any, what: str) -> dict[str, int]:
     if value is None:
         return {}
     if not isinstance(value, list):
-        raise _Invalid(f"bad {what} (want a list)")
+        raise SlurmTextError(f"bad {what} (want a list)")
     entries: dict[str, int] = {}
     for entry in value:
         tres_type = _json_str(_get(entry, "type"), f"{what} type", allow_none=False)
@@ -683,7 +514,7 @@ def _tres_list(value: Any, what: str) -> dict[str, int]:
             continue  # 22.05 lists {"type": "energy", "count": null} on every job
         count = _json_int(raw_count, f"{what} count for {key}")
         if key in entries:
-            raise _Invalid(f"{what}: {key!r} listed twice")
+            raise SlurmTextError(f"{what}: {key!r} listed twice")
         entries[key] = count
     return entries
 
@@ -741,7 +572,7 @@ def parse_json(text: str) -> ParseResult:
     for index, job in enumerate(document["jobs"]):
         try:
             runs.append(_run_from_json(job, index + 1))
-        except _Invalid as exc:
+        except SlurmTextError as exc:
             result.errors.append(_entry_error(index, job, exc))
     result.runs = _assign_runs(runs)
     return result
@@ -749,13 +580,13 @@ def parse_json(text: str) -> ParseResult:
 
 def _run_from_json(job: Any, position: int) -> SacctRun:
     if not isinstance(job, dict):
-        raise _Invalid("job entry is not an object")
+        raise SlurmTextError("job entry is not an object")
     job_id = _json_int(_get(job, "job_id"), "job_id")
     cluster = _json_str(_opt(job, "cluster"), "cluster") or _json_str(
         _opt(job, "association.cluster"), "association.cluster"
     )
     if not cluster:
-        raise _Invalid("no cluster")
+        raise SlurmTextError("no cluster")
     user = _json_str(_opt(job, "user"), "user") or _json_str(
         _opt(job, "association.user"), "association.user"
     )
@@ -766,10 +597,10 @@ def _run_from_json(job: Any, position: int) -> SacctRun:
     state, _ = _parse_state(state_text)
     ids = _json_ids(job, job_id)
     allocated = _tres_list(_opt(job, "tres.allocated"), "tres.allocated")
-    nodes = expand_hostlist(_json_str(_opt(job, "nodes"), "nodes")) if allocated else ()
+    nodes = tuple(expand_hostlist(_json_str(_opt(job, "nodes"), "nodes"))) if allocated else ()
     node_count = _json_int(_get(job, "allocation_nodes"), "allocation_nodes") if allocated else 0
     if nodes and len(nodes) != node_count:
-        raise _Invalid(f"nodes {job.get('nodes')!r} has {len(nodes)} nodes, expected {node_count}")
+        raise SlurmTextError(f"nodes {job.get('nodes')!r} has {len(nodes)} nodes, expected {node_count}")
     elapsed = _json_int(_get(job, "time.elapsed"), "time.elapsed")
     cancelled_by = _json_str(_opt(job, "kill_request_user"), "kill_request_user") or None
     return SacctRun(
@@ -809,9 +640,9 @@ def _json_ids(job: Mapping[str, Any], job_id: int) -> dict[str, int | None]:
     if het_job_id is None:
         het_offset = None
     elif het_offset is None:
-        raise _Invalid(f"het job {het_job_id} without het.job_offset")
+        raise SlurmTextError(f"het job {het_job_id} without het.job_offset")
     elif het_offset == 0 and het_job_id != job_id:
-        raise _Invalid(f"het leader of {het_job_id} has job_id {job_id}")
+        raise SlurmTextError(f"het leader of {het_job_id} has job_id {job_id}")
     return {
         "array_job_id": array_job_id,
         "array_task_id": array_task_id,
@@ -822,64 +653,16 @@ def _json_ids(job: Mapping[str, Any], job_id: int) -> dict[str, int | None]:
 
 def _json_display_id(job_id: int, ids: Mapping[str, int | None], array_tasks: Any) -> str:
     if ids["het_job_id"] is not None:
-        return f"{ids['het_job_id']}+{ids['het_offset']}"
+        return str(JobSpec(ids["het_job_id"], het_offset=ids["het_offset"]))
     if ids["array_job_id"] is not None:
         if ids["array_task_id"] is not None:
-            return f"{ids['array_job_id']}_{ids['array_task_id']}"
-        return f"{ids['array_job_id']}_[{array_tasks if isinstance(array_tasks, str) else ''}]"
+            return str(JobSpec(ids["array_job_id"], array_task_id=ids["array_task_id"]))
+        tasks = array_tasks if isinstance(array_tasks, str) else ""
+        return str(JobSpec(ids["array_job_id"], array_tasks=tasks))
     return str(job_id)
 
 
 # --------------------------------------------------------------------------- squeue --json
-
-
-_GRES_DETAIL_ENTRY_RE = re.compile(r"(?P<spec>[^,()]+)\((?P<detail>[^()]*)\)|(?P<bare>[^,()]+)")
-
-
-def parse_gres_detail(text: str) -> dict[int, str]:
-    """``gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)`` -> {0: 'a100', 2: 'h100'}.
-
-    One node's GRES detail as squeue --json (gres_detail[i]) and
-    ``scontrol show job -d`` (GRES=...) print it. Untyped GPUs get type "gpu";
-    non-GPU GRES are ignored.
-    """
-    indices: dict[int, str] = {}
-    position = 0
-    while position < len(text):
-        match = _GRES_DETAIL_ENTRY_RE.match(text, position)
-        if match is None:
-            raise _Invalid(f"bad GRES detail {text!r} at {position}")
-        position = match.end()
-        if position < len(text):
-            if text[position] != ",":
-                raise _Invalid(f"bad GRES detail {text!r} at {position}")
-            position += 1
-        spec = match["spec"] or match["bare"]
-        parts = spec.split(":")
-        if parts[0] != "gpu":
-            continue
-        if match["detail"] is None:
-            raise _Invalid(f"GPU entry {spec!r} without (IDX:...) in {text!r}")
-        # gpu:a100:1 / gpu:a100 are typed; gpu:2 / gpu are not
-        typed = len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit())
-        gpu_type = parts[1] if typed else "gpu"
-        detail = match["detail"]
-        if not detail.startswith("IDX:"):
-            raise _Invalid(f"GPU entry {spec!r} without IDX in {text!r}")
-        index_list = detail[len("IDX:") :]
-        if index_list in ("", "N/A"):
-            continue
-        for part in index_list.split(","):
-            low, dash, high = part.partition("-")
-            first = _parse_int(low, "GPU index")
-            last = _parse_int(high, "GPU index") if dash else first
-            if last < first or last - first > 4096:
-                raise _Invalid(f"bad GPU index range {part!r} in {text!r}")
-            for index in range(first, last + 1):
-                if index in indices:
-                    raise _Invalid(f"GPU index {index} listed twice in {text!r}")
-                indices[index] = gpu_type
-    return indices
 
 
 def parse_squeue_json(text: str) -> SqueueResult:
@@ -891,18 +674,18 @@ def parse_squeue_json(text: str) -> SqueueResult:
     for index, job in enumerate(document["jobs"]):
         try:
             result.jobs.append(_squeue_job(job, index + 1))
-        except _Invalid as exc:
+        except SlurmTextError as exc:
             result.errors.append(_entry_error(index, job, exc))
     return result
 
 
 def _squeue_job(job: Any, position: int) -> SqueueJob:
     if not isinstance(job, dict):
-        raise _Invalid("job entry is not an object")
+        raise SlurmTextError("job entry is not an object")
     job_id = _json_int(_get(job, "job_id"), "job_id")
     cluster = _json_str(_get(job, "cluster"), "cluster")
     if not cluster:
-        raise _Invalid("no cluster")
+        raise SlurmTextError("no cluster")
     state, _ = _parse_state(_json_str(_get(job, "job_state"), "job_state", allow_none=False))
     run = _json_int(_get(job, "restart_cnt"), "restart_cnt")
     array_job_id = _json_opt_int(_opt(job, "array_job_id"), "array_job_id") or None
@@ -916,18 +699,18 @@ def _squeue_job(job: Any, position: int) -> SqueueJob:
         "het_offset": het_offset if het_job_id is not None else None,
     }
     if het_job_id is not None and het_offset is None:
-        raise _Invalid(f"het job {het_job_id} without het_job_offset")
+        raise SlurmTextError(f"het job {het_job_id} without het_job_offset")
     alloc = parse_tres(_json_str(_opt(job, "tres_alloc_str"), "tres_alloc_str"))
-    nodes = expand_hostlist(_json_str(_opt(job, "nodes"), "nodes")) if alloc else ()
+    nodes = tuple(expand_hostlist(_json_str(_opt(job, "nodes"), "nodes"))) if alloc else ()
     details = _opt(job, "gres_detail") or []
     if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
-        raise _Invalid("bad gres_detail (want a list of strings)")
+        raise SlurmTextError("bad gres_detail (want a list of strings)")
     gpu_indices: dict[str, dict[int, str]] = {}
     if details and nodes:
         if len(details) != len(nodes):
-            raise _Invalid(f"gres_detail has {len(details)} entries for {len(nodes)} nodes")
+            raise SlurmTextError(f"gres_detail has {len(details)} entries for {len(nodes)} nodes")
         for node, detail in zip(nodes, details, strict=True):
-            indices = parse_gres_detail(detail)
+            indices = gres_gpu_indices(detail)
             if indices:
                 gpu_indices[node] = indices
     node_count = _json_opt_int(_opt(job, "node_count"), "node_count") or 0

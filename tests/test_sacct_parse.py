@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,14 +30,9 @@ from accounting_bridge.sacct import (
     SACCT_FIELDS,
     ParseError,
     SacctRun,
-    expand_hostlist,
-    gpus_from_tres,
-    parse_gres_detail,
     parse_json,
     parse_parsable2,
-    parse_sacct_time,
     parse_squeue_json,
-    parse_tres,
     sacct_argv,
     sacct_jobs_argv,
 )
@@ -50,16 +44,7 @@ from accounting_bridge.slurmcmd import (
     SubprocessRunner,
     UnexpectedCommandError,
 )
-
-FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-def utc(text: str) -> datetime:
-    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+from tests.recorded import fixture, utc
 
 
 def recorded_run(**fields: Any) -> SacctRun:
@@ -452,97 +437,7 @@ def test_text_times_are_read_in_the_given_zone() -> None:
     assert first.start is not None and first.start.tzinfo == UTC
 
 
-def test_text_times_default_to_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not hasattr(time, "tzset"):
-        pytest.fail("time.tzset is needed to change the local zone")
-    monkeypatch.setenv("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")  # POSIX rule: no tzdata needed
-    time.tzset()
-    try:
-        assert parse_sacct_time("2026-11-29T09:14:11") == utc("2026-11-29T08:14:11")
-        assert parse_sacct_time("2026-07-01T12:00:00") == utc("2026-07-01T10:00:00")  # CEST
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-
-
-@pytest.mark.parametrize("text", ["Unknown", "None", ""])
-def test_no_time_values(text: str) -> None:
-    assert parse_sacct_time(text, UTC) is None
-
-
-# --------------------------------------------------------------------------- field helpers
-
-
-@pytest.mark.parametrize(
-    ("tres", "gpus"),
-    [
-        ("billing=11,cpu=1,gres/gpu:a100=1,gres/gpu=1,node=1", {"a100": 1}),
-        ("billing=1,cpu=1,gres/gpu=2,mem=2000M,node=1", {"gpu": 2}),
-        ("cpu=1,gres/gpu:a100=1,gres/gpu:h100=1,gres/gpu=2", {"a100": 1, "h100": 1}),
-        ("cpu=1,gres/gpu:a100=1,gres/gpu=3", {"a100": 1, "gpu": 2}),
-        ("cpu=1,gres/gpu:a100=2", {"a100": 2}),
-        ("cpu=1,gres/gpumem=4G,gres/gpuutil=50,mem=1G", {}),
-        ("cpu=1,gres/gpu:1g.10gb=2,gres/gpu=2", {"1g.10gb": 2}),
-        ("", {}),
-    ],
-)
-def test_gpus_from_tres(tres: str, gpus: dict[str, int]) -> None:
-    assert gpus_from_tres(parse_tres(tres)) == gpus
-
-
-def test_bad_tres_strings() -> None:
-    for text in ["cpu", "cpu=1,", "=1", "cpu=1,cpu=2"]:
-        with pytest.raises(ValueError):
-            parse_tres(text)
-
-
-@pytest.mark.parametrize(
-    ("expression", "hosts"),
-    [
-        ("node1", ("node1",)),
-        ("node[1-2]", ("node1", "node2")),
-        ("gpu[08-10,12],cpu1", ("gpu08", "gpu09", "gpu10", "gpu12", "cpu1")),
-        ("rack[1-2]-n[1-2]", ("rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2")),
-        ("None assigned", ()),
-        ("", ()),
-    ],
-)
-def test_expand_hostlist(expression: str, hosts: tuple[str, ...]) -> None:
-    assert expand_hostlist(expression) == hosts
-
-
-@pytest.mark.parametrize("expression", ["node[1-", "node]1[", "node[2-1]", "node[a-b]", "a,,b"])
-def test_bad_hostlists(expression: str) -> None:
-    with pytest.raises(ValueError):
-        expand_hostlist(expression)
-
-
-@pytest.mark.parametrize(
-    ("detail", "indices"),
-    [
-        ("gpu:h100:1(IDX:3)", {3: "h100"}),  # recorded (scontrol show job -d, squeue --json)
-        ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)", {0: "a100", 2: "h100"}),  # docs/slurm-facts.md §5
-        ("gpu:a100:2(IDX:0-1),gpu:h100:2(IDX:2,3)", {0: "a100", 1: "a100", 2: "h100", 3: "h100"}),
-        ("gpu:2(IDX:0-1)", {0: "gpu", 1: "gpu"}),
-        ("gpu:a100:0(IDX:N/A)", {}),
-        ("mps:100(0/100),gpu:a100:1(IDX:1)", {1: "a100"}),
-        ("", {}),
-    ],
-)
-def test_parse_gres_detail(detail: str, indices: dict[int, str]) -> None:
-    assert parse_gres_detail(detail) == indices
-
-
-def test_recorded_scontrol_gres_detail() -> None:
-    line = fixture("recorded_scontrol_show_job_d_running.txt")
-    gres = next(field for field in line.split() if field.startswith("GRES="))
-    assert parse_gres_detail(gres.removeprefix("GRES=")) == {3: "h100"}
-
-
-@pytest.mark.parametrize("detail", ["gpu:a100:1", "gpu:a100:1(IDX:0),gpu:h100:1(IDX:0)", "gpu(x"])
-def test_bad_gres_detail(detail: str) -> None:
-    with pytest.raises(ValueError):
-        parse_gres_detail(detail)
+# Times, TRES, hostlists and GRES detail themselves: tests/test_slurmtext.py.
 
 
 # --------------------------------------------------------------------------- JSON documents
@@ -951,14 +846,17 @@ def test_make_job_source_with_matching_pyslurm() -> None:
     }  # fmt: skip
     pending = {**job, "job_id": 21, "job_state": "PENDING", "start_time": 0, "tres_alloc_str": ""}
     broken = {"job_id": 22}
-    module = _fake_pyslurm("22.5.1", {15: job, 21: pending, 22: broken})
+    unlimited_task = {**job, "job_id": 23, "time_limit": 0xFFFFFFFF, "array_job_id": 20, "array_task_id": 3}
+    module = _fake_pyslurm("22.5.1", {15: job, 21: pending, 22: broken, 23: unlimited_task})
     source, choice = make_job_source(runner, cluster="lab", import_pyslurm=lambda: module)
     assert isinstance(source, PyslurmSource)
     assert choice.kind == "pyslurm"
     result = source.running_jobs()
-    assert [(j.key, j.gpus, j.nodes, j.time_limit_seconds) for j in result.jobs] == [
-        (("lab", 15, 0), {"h100": 1}, ("node1",), 300)
+    assert [(j.key, j.display_id, j.gpus, j.nodes, j.time_limit_seconds) for j in result.jobs] == [
+        (("lab", 15, 0), "15", {"h100": 1}, ("node1",), 300),
+        (("lab", 23, 0), "20_3", {"h100": 1}, ("node1",), None),  # INFINITE: no limit
     ]
+    assert result.jobs[0].start == datetime.fromtimestamp(1795943659, UTC)
     assert [(e.line_no, e.job_id) for e in result.errors] == [(3, 22)]
 
 
