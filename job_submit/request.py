@@ -22,7 +22,8 @@ How GPUs arrive (the gres string is the same shape in each field):
     --gpus-per-task=a100:1    tres_per_task = "gres:gpu:a100:1"
 
 Items without the `gres:` prefix (`gpu:a100:1`) and in the newer
-`gres/gpu:a100:1` / `gres/gpu:a100=1` spelling are accepted too.
+`gres/gpu:a100:1` / `gres/gpu:a100=1` spelling are accepted too. The GRES and
+array grammars are slurmtext's; this module turns its errors into codes.
 
 Errors: `InvalidRequest(code, message)` with code `invalid_gres`,
 `invalid_time`, `invalid_array` or `invalid_request`.
@@ -35,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmtext import INFINITE, MAX_ARRAY_INDEX, NO_VAL, SlurmTextError, gres_gpus, parse_array_indices
+
 __all__ = [
     "INFINITE",
     "MAX_ARRAY_INDEX",
@@ -46,17 +49,9 @@ __all__ = [
     "parse_submit",
 ]
 
-NO_VAL = 4294967294  # slurm.NO_VAL: "not given"
-INFINITE = 4294967295  # slurm.INFINITE: "no limit"
+# NO_VAL is slurm.NO_VAL ("not given"), INFINITE slurm.INFINITE ("no limit").
 NO_VAL16 = 65534
 INFINITE16 = 65535
-
-# Slurm caps MaxArraySize at 4000001, so no valid index exceeds 4000000.
-# The bound also caps the bitmap parse_array_inx builds (4 MB).
-MAX_ARRAY_INDEX = 4_000_000
-
-# More GPUs than this in one job is garbage, not a request.
-MAX_GPUS_PER_ITEM = 1_000_000
 
 # How the GPUs were asked for: which job_desc field carried them.
 PER_NODE = "per_node"  # --gres, --gpus-per-node: × nodes
@@ -64,8 +59,6 @@ PER_JOB = "per_job"  # --gpus: as is
 PER_TASK = "per_task"  # --gpus-per-task: × tasks
 
 _COUNT = re.compile(r"[0-9]+")
-_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-_ARRAY_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 
 
 class InvalidRequest(ValueError):
@@ -155,99 +148,38 @@ def _multiplier(value: int | None) -> int:
 def parse_gres(value: str | None) -> dict[str | None, int]:
     """GPU counts by type from one tres_per_* string; other GRES are ignored.
 
+    The grammar is slurmtext's (one GRES parser for every Slurm format).
+
     >>> parse_gres("gres:gpu:a100:1,gres:gpu:h100:1")
     {'a100': 1, 'h100': 1}
     >>> parse_gres("gres:gpu:2")
     {None: 2}
     """
-    gpus: dict[str | None, int] = {}
     if value is None:
-        return gpus
+        return {}
     if not isinstance(value, str):
         raise InvalidRequest("invalid_gres", f"GRES must be a string, got {value!r}")
-    for raw in value.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        if item.startswith("gres:"):
-            item = item[len("gres:") :]
-        elif item.startswith("gres/"):
-            item = item[len("gres/") :]
-        # TRES spelling: gpu:a100=1, gpu=2
-        item, eq, eq_count = item.partition("=")
-        parts = item.split(":")
-        name = parts[0]
-        if not _NAME.fullmatch(name):
-            raise InvalidRequest("invalid_gres", f"cannot read GRES {raw.strip()!r}")
-        if name != "gpu":
-            continue  # mps, shard, nic...: not priced
-        rest = parts[1:]
-        if eq:
-            rest.append(eq_count)
-        gpu_type: str | None = None
-        count = 1
-        if len(rest) > 2:
-            raise InvalidRequest("invalid_gres", f"cannot read GRES {raw.strip()!r}")
-        if rest and _COUNT.fullmatch(rest[-1]):
-            count = int(rest[-1])
-            rest = rest[:-1]
-        elif len(rest) == 2:
-            # gpu:a100:x, gpu:a100:-1, gpu:a100:1k: a count we cannot read
-            raise InvalidRequest(
-                "invalid_gres", f"GPU count {rest[-1]!r} in {raw.strip()!r} is not a whole number"
-            )
-        if rest:
-            gpu_type = rest[0]
-            if not _NAME.fullmatch(gpu_type):
-                raise InvalidRequest("invalid_gres", f"GPU type {gpu_type!r} in {raw.strip()!r} is not valid")
-        if count > MAX_GPUS_PER_ITEM:
-            raise InvalidRequest("invalid_gres", f"GPU count in {raw.strip()!r} is too large")
-        if count == 0:
-            continue
-        gpus[gpu_type] = gpus.get(gpu_type, 0) + count
-    return gpus
+    try:
+        return gres_gpus(value)
+    except SlurmTextError as error:
+        raise InvalidRequest("invalid_gres", str(error)) from None
 
 
 def parse_array_inx(value: str | None) -> tuple[int, int | None]:
-    """(number of tasks, concurrency limit) for an array_inx string.
+    """(number of tasks, concurrency limit) for an array_inx string; no array: (1, None).
 
-    Formats: `0-1`, `0-9:2`, `1,3,5`, `0-15%4`, mixed `1-3,7,10-20:5%2`.
-    Repeated indices count once (Slurm keeps a bitmap). `%N` limits how many
-    run at once; it does not change the count. No array: (1, None).
+    Formats (slurmtext.parse_array_indices): `0-1`, `0-9:2`, `1,3,5`, `0-15%4`,
+    mixed `1-3,7,10-20:5%2`. Repeated indices count once; `%N` limits how many
+    run at once and does not change the count.
     """
-    if value is None:
+    if value is None or value == "":
         return 1, None
     if not isinstance(value, str):
         raise InvalidRequest("invalid_array", f"array_inx must be a string, got {value!r}")
-    if not value.strip():
-        return 1, None
-    spec, percent, limit_text = value.strip().partition("%")
-    limit: int | None = None
-    if percent:
-        if not _COUNT.fullmatch(limit_text):
-            raise InvalidRequest("invalid_array", f"bad task limit in array {value!r}")
-        limit = int(limit_text)
-    ranges: list[tuple[int, int, int]] = []
-    for part in spec.split(","):
-        match = _ARRAY_RANGE.fullmatch(part.strip())
-        if not match:
-            raise InvalidRequest("invalid_array", f"cannot read array index {part!r} in {value!r}")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
-        step = int(match.group(3)) if match.group(3) is not None else 1
-        if last < first:
-            raise InvalidRequest("invalid_array", f"array range {part!r} runs backwards")
-        if step == 0:
-            raise InvalidRequest("invalid_array", f"array step in {part!r} is zero")
-        if last > MAX_ARRAY_INDEX:
-            raise InvalidRequest("invalid_array", f"array index {last} exceeds the maximum {MAX_ARRAY_INDEX}")
-        ranges.append((first, last, step))
-    top = max(last for _, last, _ in ranges)
-    seen = bytearray(top + 1)
-    for first, last, step in ranges:
-        indices = range(first, last + 1, step)
-        seen[first : last + 1 : step] = b"\x01" * len(indices)
-    return seen.count(1), limit
+    try:
+        return parse_array_indices(value)
+    except SlurmTextError as error:
+        raise InvalidRequest("invalid_array", str(error)) from None
 
 
 def _partition_times(partitions: Mapping[str, Any], name: str) -> tuple[int | None, int | None] | None:
