@@ -5,7 +5,7 @@ mirrors Slurm's accounts, sets the demo prices when none are set, installs the
 hooks and starts `gpucredit daemon` in the background. Then:
 
     gpucredit topup physics 100
-    runuser -u alice -- sbatch -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
+    runuser -u alice -- sbatch -D /tmp -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
     gpucredit hold list; gpucredit balance physics
 
 The ledger is the embedded SQLite file: trying gpucredit needs no database
@@ -89,7 +89,7 @@ def up() -> list[str]:
         _start_daemon()
     said += [
         f"gpucredit daemon running (pid {running_pid()}); config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
-        "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -A physics "
+        "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -D /tmp -A physics "
         "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
     ]
     return said
