@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from accounting_bridge.backends import JobSource
 from accounting_bridge.reconcile import DEFAULT_POLICY, Policy, SessionFactory, Summary, reconcile_runs
 from accounting_bridge.sacct import ParseError
-from ledger.models import Cursor, table_of
-from ledger.timeutil import format_time, parse_time
+from ledger import jobruns
+from ledger.timeutil import format_time
 
 __all__ = [
     "CURSOR_NAME",
@@ -41,8 +40,6 @@ __all__ = [
     "write_cursor",
 ]
 
-cursors_t = table_of(Cursor)
-
 CURSOR_NAME = "sacct"
 DEFAULT_OVERLAP = timedelta(minutes=10)
 # With no cursor yet (first start) and no --since, look back this far.
@@ -50,18 +47,12 @@ DEFAULT_FIRST_WINDOW = timedelta(days=1)
 
 
 def read_cursor(s: Session, name: str = CURSOR_NAME) -> datetime | None:
-    value = s.execute(select(cursors_t.c.value).where(cursors_t.c.name == name)).scalar()
-    return None if value is None else parse_time(value, field=f"cursor {name}")
+    return jobruns.read_cursor(s, name)
 
 
 def write_cursor(s: Session, value: datetime, name: str = CURSOR_NAME, *, at: datetime) -> None:
     """Set the cursor; it never moves backwards (a slow round cannot undo a later one)."""
-    current = read_cursor(s, name)
-    text = format_time(value)
-    if current is None:
-        s.execute(insert(cursors_t).values(name=name, value=text, updated_at=at))
-    elif value > current:
-        s.execute(update(cursors_t).where(cursors_t.c.name == name).values(value=text, updated_at=at))
+    jobruns.write_cursor(s, name, value, at=at)
 
 
 def _output_of(error: ParseError) -> str:

@@ -1,7 +1,14 @@
 """Reconcile Slurm's record of finished runs (sacct) with what the ledger charged.
 
 Slurm's accounting is the final word on what a run used; the hooks' charges are
-provisional. For each finished run, identified by ``(cluster, job_id, run)``:
+provisional. A run is one attempt of one job incarnation, ``(cluster, job_id, run,
+submitted_at)``: Slurm reuses job ids (a wiped StateSaveLocation, FirstJobId, the
+wrap at MaxJobId) and keeps the old jobs in sacct under the same ids, and it resets
+SubmitTime on every requeue, so sacct's ``Submit`` names the attempt. A run's hold
+is the one taken with the same submit time; only holds taken without one (before
+migration 0004, or by the CLI) are matched the old way, by run index and then by
+start, and never one that another attempt's row already owns. An old job's sacct
+rows never match, and never update, a new job's hold or row. For each finished run:
 
 =============================================  =========================================  ================
 sacct and the ledger                           what happens                               job_runs.flags
@@ -19,13 +26,15 @@ not final, half-written, or hold active for    skipped; a later round picks it u
 less than policy.epilog_grace_seconds
 =============================================  =========================================  ================
 
-The expected charge is ``charge_for(rate, ElapsedRaw)``, the rate summed over the
-GPU types of AllocTRES at the hold's own unit prices (the price the run was sold
-at), or at the price in force at the run's start for a type the hold did not have.
+The expected charge is the ledger's ``charge_for(rate, ElapsedRaw)``, the rate
+(``rate_of``) of the GPU types of AllocTRES at the hold's own unit prices (the price
+the run was sold at), or, for a type the hold did not have, at the price in force at
+the run's start (the ledger's ``PriceTable``).
 
 Money moves only through :mod:`ledger.api`; ``job_runs`` is a projection written
-in the same transaction as the entry it reflects. Everything is idempotent:
-re-running a round finds every charge equal to its target and posts nothing.
+(through :mod:`ledger.jobruns`) in the same transaction as the entry it reflects.
+Everything is idempotent: re-running a round finds every charge equal to its target
+and posts nothing.
 
 Throughput comes from batching (:func:`reconcile_runs`): one read per batch loads
 the stored ``job_runs`` rows of the batch's jobs; a run whose Slurm record (state,
@@ -39,23 +48,20 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from accounting_bridge.sacct import TERMINAL_STATES, SacctRun
-from ledger import api
+from ledger import api, jobruns
 from ledger.errors import InvalidInput, LedgerError
-from ledger.holds import holds_t
-from ledger.models import JobRun, table_of
-from ledger.money import charge_for, format_credits
-from ledger.prices import format_gpus, parse_pairs, price_at
+from ledger.jobruns import UNKNOWN_SUBMIT, AttemptKey, HoldView, JobRunRow, StoredRun
+from ledger.money import format_credits
 from ledger.timeutil import utcnow
 
 __all__ = [
@@ -66,15 +72,13 @@ __all__ = [
     "Policy",
     "RunOutcome",
     "Summary",
+    "attempt_key",
     "not_final_reason",
     "plan_run",
     "reconcile_run",
     "reconcile_runs",
     "reconcile_stored",
-    "upsert_job_runs",
 ]
-
-job_runs_t = table_of(JobRun)
 
 # What a round reports, in this order. `charged`: active holds the bridge settled
 # (their epilog was lost); `adjusted`: resolved holds corrected to Slurm's record.
@@ -100,10 +104,6 @@ _MONEY_ACTIONS = frozenset({"settle", "adjust", "release", "unreserved"})
 REFUSED_ELAPSED_MAX_SECONDS = 1
 # Runs per batch: bounds each read, each bulk write and the memory they hold.
 DEFAULT_BATCH_RUNS = 5_000
-# Job ids per range read (see _id_ranges).
-_RANGE_SPAN_IDS = 10_000
-# From this many rows, PostgreSQL upserts go through COPY and a temporary table.
-_COPY_MIN_ROWS = 200
 # job_runs.flags is String(128).
 _FLAGS_MAX_CHARS = 128
 
@@ -136,18 +136,6 @@ class Policy:
 
 
 DEFAULT_POLICY = Policy()
-
-
-class HoldView(NamedTuple):
-    """What reconciliation needs of a hold, read in bulk (a tuple: cheap to build by the 100,000)."""
-
-    id: int
-    account_id: int
-    run: int
-    state: str
-    unit_prices: Mapping[str, int]
-    rate_ucredits_per_hour: int
-    charged_ucredits: int
 
 
 class Plan(NamedTuple):
@@ -223,11 +211,12 @@ class Summary:
         }
 
 
-class _PriceNotLoaded(Exception):
-    """Internal: the bulk pass has no price for a type; the run goes the per-run way."""
-
-
 # --------------------------------------------------------------------------- decisions (pure)
+
+
+def attempt_key(run: SacctRun) -> AttemptKey:
+    """The run's identity: one attempt of one job incarnation (see the module docstring)."""
+    return (run.cluster, run.job_id, run.run, run.submit or UNKNOWN_SUBMIT)
 
 
 def not_final_reason(run: SacctRun) -> str | None:
@@ -257,8 +246,8 @@ def _rate(
         # No GPU TRES in sacct while a hook reserved GPUs: accounting does not track
         # gres/gpu (AccountingStorageTRES). Refunding every such run would be wrong.
         return hold.rate_ucredits_per_hour, ("gpus_from_hold",)
-    rate = 0
-    for gpu_type, count in run.gpus.items():
+    unit_prices: dict[str, int] = {}
+    for gpu_type in run.gpus:
         unit = hold.unit_prices.get(gpu_type)
         if unit is None:
             unit = price_of(gpu_type)
@@ -269,8 +258,13 @@ def _rate(
                 code="unknown_gres",
                 details={"gres": gpu_type, "job_id": run.job_id, "run": run.run},
             )
-        rate += unit * count
-    return rate, ()
+        unit_prices[gpu_type] = unit
+    return api.rate_of(run.gpus, unit_prices), ()
+
+
+def _same_attempt(hold: HoldView, run: SacctRun) -> bool:
+    """The hold was taken for this very attempt (the hooks sent its submit time)."""
+    return run.submit is not None and hold.submitted_at == run.submit
 
 
 def plan_run(
@@ -288,7 +282,7 @@ def plan_run(
     run; it keeps that flag.
     """
     flags: list[str] = []
-    if hold is not None and hold.run != run.run:
+    if hold is not None and hold.run != run.run and not _same_attempt(hold, run):
         flags.append("matched_by_start")
     if hold is not None and unreserved_hold:
         flags.append("unreserved")
@@ -315,7 +309,7 @@ def plan_run(
     else:
         rate, rate_flags = _rate(run, hold, price_of)
         flags.extend(rate_flags)
-        expected = charge_for(rate, run.elapsed_seconds)
+        expected = api.charge_for(rate, run.elapsed_seconds)
     if hold.state == "active":
         assert run.end is not None  # only final runs are planned
         if run.end > now - timedelta(seconds=policy.epilog_grace_seconds):
@@ -332,14 +326,59 @@ def _reason(run: SacctRun, plan: Plan) -> str:
         return "NODE_FAIL: refunded (policy.refund_node_fail)"
     if run.start is None:
         return "never started"
-    return f"sacct: {run.state}, {run.elapsed_seconds} s of {format_gpus(run.gpus) or 'GPUs'}"
+    return f"sacct: {run.state}, {run.elapsed_seconds} s of {jobruns.format_gpus(run.gpus) or 'GPUs'}"
 
 
-def _exact_hold(run: SacctRun, holds: Sequence[HoldView]) -> HoldView | None:
+# --------------------------------------------------------------------------- which hold, which row
+
+
+class _StoredRuns:
+    """The stored rows of every attempt under some job ids (all incarnations), by attempt."""
+
+    def __init__(self, rows: Mapping[AttemptKey, StoredRun]) -> None:
+        self.rows = rows
+        self._by_job: dict[tuple[str, int], list[StoredRun]] | None = None
+
+    def of(self, run: SacctRun) -> StoredRun | None:
+        """The run's own row; a row written before migration 0004 (no submit time) with
+        the same run index and start is the same attempt, recorded before attempts had one."""
+        found = self.rows.get(attempt_key(run))
+        if found is None and run.submit is not None:
+            legacy = self.rows.get((run.cluster, run.job_id, run.run, UNKNOWN_SUBMIT))
+            if legacy is not None and legacy.start_at == run.start:
+                found = legacy
+        return found
+
+    def claims(self, run: SacctRun) -> tuple[set[int], set[int]]:
+        """Holds that the job's other attempts' rows own, and those attempts' run indexes."""
+        if self._by_job is None:  # only runs without a hold of their own get here: group once
+            self._by_job = {}
+            for row in self.rows.values():
+                self._by_job.setdefault((row.cluster, row.job_id), []).append(row)
+        own = self.of(run)
+        others = [row for row in self._by_job.get((run.cluster, run.job_id), ()) if row is not own]
+        return {row.hold_id for row in others if row.hold_id is not None}, {row.run for row in others}
+
+
+class _PerRun(Exception):
+    """Internal: matching a hold by its start needs a read the bulk pass does not make."""
+
+
+def _per_run(hold_ids: Sequence[int]) -> Mapping[int, datetime]:
+    raise _PerRun
+
+
+def _own_hold(run: SacctRun, holds: Sequence[HoldView]) -> HoldView | None:
+    """The hold the hooks took for this attempt, by its submit time."""
     for hold in holds:
-        if hold.run == run.run:
+        if _same_attempt(hold, run):
             return hold
     return None
+
+
+def _legacy(holds: Sequence[HoldView]) -> list[HoldView]:
+    """Holds taken without a submit time: matched by run index, then by start."""
+    return [hold for hold in holds if hold.submitted_at == UNKNOWN_SUBMIT]
 
 
 def _pick_hold(
@@ -349,19 +388,28 @@ def _pick_hold(
     starts: Callable[[Sequence[int]], Mapping[int, datetime]],
     tolerance_seconds: int,
 ) -> HoldView | None:
-    """The run's hold: by run index, else the job's unclaimed hold that started with it.
+    """The run's hold: the one taken for this attempt; else a hold without a submit time
+    that no other attempt's row owns, by run index, else one that started with the run.
 
     The hooks number runs by SLURM_JOB_RESTART_COUNT and sacct's index comes from
     ordering attempts; they agree unless sacct lost an attempt. Then a hold taken
     within a few seconds of the run's start is the same run, unless another run of
-    the job owns it. Only without an exact match are `claims()` (hold ids other runs
-    own, the job's other run indexes) and `starts(hold ids)` asked.
+    the job owns it. `claims()` (hold ids other attempts own, their run indexes) and
+    `starts(hold ids)` are only asked when there is no hold for the attempt itself.
+    A hold taken for another attempt (another submit time) never matches.
     """
-    exact = _exact_hold(run, holds)
-    if exact is not None or run.start is None or not holds:
-        return exact
+    own = _own_hold(run, holds)
+    legacy = _legacy(holds)
+    if own is not None or not legacy:
+        return own
     claimed_ids, other_runs = claims()
-    candidates = [hold for hold in holds if hold.id not in claimed_ids and hold.run not in other_runs]
+    free = [hold for hold in legacy if hold.id not in claimed_ids]
+    for hold in free:
+        if hold.run == run.run:
+            return hold
+    if run.start is None:
+        return None
+    candidates = [hold for hold in free if hold.run not in other_runs]
     if not candidates:
         return None
     started = starts([hold.id for hold in candidates])
@@ -371,163 +419,35 @@ def _pick_hold(
     return min(near)[2] if near else None
 
 
-# --------------------------------------------------------------------------- reads
-
-
-def _id_ranges(jobs: Collection[tuple[str, int]]) -> Iterator[tuple[list[str], int, int]]:
-    """Job-id ranges covering `jobs`, each spanning at most _RANGE_SPAN_IDS ids.
-
-    A range scan of the (cluster, job_id, run) index costs the same whatever the
-    planner believes about the table; a long IN list did not (a freshly filled,
-    not yet analyzed job_runs got a filter over the whole table per query).
-    Slurm numbers jobs in sequence, so a window's jobs are mostly dense ranges.
-    """
-    clusters = sorted({cluster for cluster, _ in jobs})
-    ranges: list[list[int]] = []
-    for job_id in sorted({job_id for _, job_id in jobs}):
-        if ranges and job_id - ranges[-1][0] < _RANGE_SPAN_IDS:
-            ranges[-1][1] = job_id
-        else:
-            ranges.append([job_id, job_id])
-    for low, high in ranges:
-        yield clusters, low, high
-
-
-@functools.lru_cache(maxsize=4096)
-def _unit_prices(text: str) -> Mapping[str, int]:
-    # A few distinct price lists serve every hold: parse each once, share it read-only.
-    return MappingProxyType(parse_pairs(text))
-
-
-def _load_holds(s: Session, jobs: Collection[tuple[str, int]]) -> dict[tuple[str, int], list[HoldView]]:
-    found: dict[tuple[str, int], list[HoldView]] = {}
-    query = select(
-        holds_t.c.id,
-        holds_t.c.account_id,
-        holds_t.c.cluster,
-        holds_t.c.job_id,
-        holds_t.c.run,
-        holds_t.c.state,
-        holds_t.c.unit_prices,
-        holds_t.c.rate_ucredits_per_hour,
-        holds_t.c.charged_ucredits,
-    )
-    for clusters, low, high in _id_ranges(jobs):
-        where = (holds_t.c.cluster.in_(clusters), holds_t.c.job_id.between(low, high))
-        for hold_id, account_id, cluster, job_id, run, state, prices, rate, charged in _plain_rows(
-            s, query.where(*where)
-        ):
-            key = (cluster, job_id)
-            if key in jobs:
-                found.setdefault(key, []).append(
-                    HoldView(hold_id, account_id, run, state, _unit_prices(prices), rate, charged)
-                )
-    return found
-
-
-# A job_runs row as _load_stored returns it: the driver's own tuple, read by position
-# (building an object per row was most of what re-reading a window cost).
-StoredRow = tuple[Any, ...]
-_STATE, _ELAPSED, _GPUS, _FLAGS, _HOLD_ID = 3, 4, 5, 6, 7
-
-
-def _load_stored(s: Session, jobs: Collection[tuple[str, int]]) -> dict[tuple[str, int, int], StoredRow]:
-    """job_runs rows of `jobs`, by (cluster, job_id, run)."""
-    found: dict[tuple[str, int, int], StoredRow] = {}
-    query = select(
-        job_runs_t.c.cluster,
-        job_runs_t.c.job_id,
-        job_runs_t.c.run,
-        job_runs_t.c.state,
-        job_runs_t.c.elapsed_seconds,
-        job_runs_t.c.gpus,
-        job_runs_t.c.flags,
-        job_runs_t.c.hold_id,
-    )
-    for clusters, low, high in _id_ranges(jobs):
-        where = (job_runs_t.c.cluster.in_(clusters), job_runs_t.c.job_id.between(low, high))
-        for row in _plain_rows(s, query.where(*where)):
-            if (row[0], row[1]) in jobs:
-                found[row[:3]] = row
-    return found
-
-
-def _stored_of_job(
-    stored: Mapping[tuple[str, int, int], StoredRow], job: tuple[str, int]
-) -> dict[int, StoredRow]:
-    return {key[2]: row for key, row in stored.items() if key[:2] == job}
-
-
-def _plain_rows(s: Session, query: Any) -> list[tuple[Any, ...]]:
-    """The driver's own tuples: re-reading a window fetches one row per run, and building
-    SQLAlchemy Rows cost more than the rest of the check. Only for integer and text columns,
-    which every driver returns alike."""
-    result = s.connection().execute(query)
-    try:
-        return list(result.cursor.fetchall())
-    finally:
-        result.close()
-
-
 @functools.lru_cache(maxsize=4096)
 def _gpu_counts(text: str) -> Mapping[str, int]:
     # Stored GPU lists repeat ("a100:1", "h100:4", ...): parse each once, share it read-only.
-    return MappingProxyType(parse_pairs(text))
+    return MappingProxyType(jobruns.parse_pairs(text))
 
 
-def _unchanged(run: SacctRun, stored: StoredRow | None) -> bool:
+def _unchanged(run: SacctRun, stored: StoredRun | None) -> bool:
     """Reconciled before from the same Slurm record (and not left failed)."""
     return (
         stored is not None
-        and stored[_STATE] == run.state
-        and stored[_ELAPSED] == run.elapsed_seconds
-        and _gpu_counts(stored[_GPUS]) == run.gpus
-        and "error" not in stored[_FLAGS]  # no other flag contains "error"
+        and stored.submitted_at == (run.submit or UNKNOWN_SUBMIT)  # an adopted row is written again
+        and stored.state == run.state
+        and stored.elapsed_seconds == run.elapsed_seconds
+        and _gpu_counts(stored.gpus) == run.gpus
+        and "error" not in stored.flags  # no other flag contains "error"
     )
 
 
-def _made_unreserved(stored: StoredRow | None, hold: HoldView | None) -> bool:
+def _made_unreserved(stored: StoredRun | None, hold: HoldView | None) -> bool:
     """The stored row says this hold was made by an earlier round for an unreserved run."""
     return (
         stored is not None
         and hold is not None
-        and stored[_HOLD_ID] == hold.id
-        and "unreserved" in stored[_FLAGS].split(",")
+        and stored.hold_id == hold.id
+        and "unreserved" in stored.flags.split(",")
     )
 
 
-def _claims(run: SacctRun, stored: Mapping[int, StoredRow]) -> tuple[set[int], set[int]]:
-    """Holds other runs of the job own, and the job's other run indexes we know of."""
-    others = [row for index, row in stored.items() if index != run.run]
-    return {row[_HOLD_ID] for row in others if row[_HOLD_ID] is not None}, {row[2] for row in others}
-
-
 # --------------------------------------------------------------------------- writes
-
-
-_JOB_RUN_COLUMNS = (
-    "cluster",
-    "job_id",
-    "run",
-    "display_id",
-    "account",
-    "user",
-    "partition",
-    "state",
-    "start_at",
-    "end_at",
-    "elapsed_seconds",
-    "gpus",
-    "nodes",
-    "hold_id",
-    "flags",
-    "charged_ucredits",
-    "ingested_at",
-)
-_KEY_COLUMNS = ("cluster", "job_id", "run")
-_UPDATE_COLUMNS = tuple(c for c in _JOB_RUN_COLUMNS if c not in _KEY_COLUMNS)
-# An error row leaves the last successful result (hold, charge) in place.
-_UPDATE_COLUMNS_KEEP_CHARGE = tuple(c for c in _UPDATE_COLUMNS if c not in ("hold_id", "charged_ucredits"))
 
 
 def _flags_text(flags: Iterable[str]) -> str:
@@ -539,16 +459,14 @@ def _flags_text(flags: Iterable[str]) -> str:
     return text
 
 
-JobRunRow = tuple[Any, ...]  # values in _JOB_RUN_COLUMNS order
-
-
 def _job_run_row(
     run: SacctRun, *, flags: Iterable[str], hold_id: int | None, charged_ucredits: int, now: datetime
 ) -> JobRunRow:
-    return (
+    return JobRunRow(
         run.cluster,
         run.job_id,
         run.run,
+        run.submit or UNKNOWN_SUBMIT,
         run.display_id,
         run.account,
         run.user,
@@ -557,7 +475,7 @@ def _job_run_row(
         run.start,
         run.end,
         run.elapsed_seconds,
-        format_gpus(run.gpus),
+        jobruns.format_gpus(run.gpus),
         ",".join(run.nodes),
         hold_id,
         _flags_text(flags),
@@ -566,92 +484,11 @@ def _job_run_row(
     )
 
 
-def upsert_job_runs(s: Session, rows: Sequence[JobRunRow], *, keep_charge: bool = False) -> None:
-    """Insert or update job_runs rows by (cluster, job_id, run); the last row of a key wins.
-
-    `keep_charge` leaves an existing row's hold and charge alone (for runs that failed).
-    """
-    if not rows:
-        return
-    unique = list({row[:3]: row for row in rows}.values())
-    dialect = s.get_bind().dialect.name
-    update_columns = _UPDATE_COLUMNS_KEEP_CHARGE if keep_charge else _UPDATE_COLUMNS
-    if dialect == "postgresql" and len(unique) >= _COPY_MIN_ROWS:
-        _copy_upsert(s, unique, update_columns)
-        return
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as upsert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-    else:
-        raise RuntimeError(f"job_runs upserts support postgresql and sqlite, not {dialect}")
-    statement = upsert(job_runs_t)
-    statement = statement.on_conflict_do_update(
-        index_elements=list(_KEY_COLUMNS),
-        set_={column: statement.excluded[column] for column in update_columns},
-    )
-    s.execute(statement, [dict(zip(_JOB_RUN_COLUMNS, row, strict=True)) for row in unique])
-
-
-def insert_job_runs(s: Session, rows: Sequence[JobRunRow]) -> None:
-    """Insert rows for runs not stored yet; IntegrityError if one is there after all.
-
-    Half the cost of an upsert on PostgreSQL (COPY straight into the table). The
-    caller rolls back and upserts when another writer got there first.
-    """
-    if not rows:
-        return
-    if s.get_bind().dialect.name == "postgresql" and len(rows) >= _COPY_MIN_ROWS:
-        dbapi = s.get_bind().dialect.loaded_dbapi
-        try:
-            with _driver_cursor(s) as cursor:
-                _copy_rows(s, cursor, "job_runs", rows)
-        except dbapi.IntegrityError as error:  # the driver's own: say it the way SQLAlchemy does
-            raise IntegrityError("COPY job_runs", None, error) from error
-        return
-    s.execute(insert(job_runs_t), [dict(zip(_JOB_RUN_COLUMNS, row, strict=True)) for row in rows])
-
-
-def _driver_cursor(s: Session) -> Any:
-    driver = s.connection().connection.driver_connection
-    if driver is None:
-        raise RuntimeError("no PostgreSQL driver connection for COPY")
-    return driver.cursor()
-
-
-def _copy_rows(s: Session, cursor: Any, table: str, rows: Sequence[JobRunRow]) -> None:
-    quote = s.get_bind().dialect.identifier_preparer.quote
-    columns = ", ".join(quote(c) for c in _JOB_RUN_COLUMNS)
-    with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-        for row in rows:  # start_at, end_at (8, 9) and ingested_at (16) are the times
-            copy.write_row(
-                (*row[:8], _naive_utc(row[8]), _naive_utc(row[9]), *row[10:16], _naive_utc(row[16]))
-            )
-
-
-def _naive_utc(value: datetime | None) -> datetime | None:
-    # What UTCDateTime stores; COPY bypasses the column type, so convert here.
-    if value is None:
-        return None
-    return (value if value.tzinfo is UTC else value.astimezone(UTC)).replace(tzinfo=None)
-
-
-def _copy_upsert(s: Session, rows: Sequence[JobRunRow], update_columns: Sequence[str]) -> None:
-    """COPY into a temporary table, then one INSERT ... ON CONFLICT: ~3x executemany's rate."""
-    quote = s.get_bind().dialect.identifier_preparer.quote
-    columns = ", ".join(quote(c) for c in _JOB_RUN_COLUMNS)
-    assignments = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in update_columns)
-    with _driver_cursor(s) as cursor:
-        cursor.execute(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS bridge_job_runs_in ON COMMIT DROP AS "
-            f"SELECT {columns} FROM job_runs WITH NO DATA"
-        )
-        cursor.execute("TRUNCATE bridge_job_runs_in")
-        _copy_rows(s, cursor, "bridge_job_runs_in", rows)
-        cursor.execute(
-            f"INSERT INTO job_runs ({columns}) SELECT {columns} FROM bridge_job_runs_in "
-            f"ON CONFLICT ({', '.join(_KEY_COLUMNS)}) DO UPDATE SET {assignments}"
-        )
+def _adopting(run: SacctRun, stored: StoredRun | None) -> list[AttemptKey]:
+    """The run's key when its stored row predates submit times (to be adopted)."""
+    if stored is not None and run.submit is not None and stored.submitted_at == UNKNOWN_SUBMIT:
+        return [attempt_key(run)]
+    return []
 
 
 # --------------------------------------------------------------------------- one run
@@ -671,20 +508,23 @@ def _counter(plan: Plan) -> str:
     return "charged" if plan.action == "settle" else "adjusted"
 
 
-def _hold_starts(s: Session, hold_ids: Sequence[int]) -> dict[int, datetime]:
-    query = select(holds_t.c.id, holds_t.c.started_at).where(holds_t.c.id.in_(hold_ids))
-    return {hold_id: started_at for hold_id, started_at in s.execute(query).all()}
-
-
-def _read_hold_for(s: Session, run: SacctRun, tolerance_seconds: int) -> tuple[HoldView | None, bool]:
-    """The run's hold, and whether an earlier round made it for an unreserved run."""
+def _read_hold_for(
+    s: Session, run: SacctRun, tolerance_seconds: int
+) -> tuple[HoldView | None, bool, StoredRun | None]:
+    """The run's hold, whether an earlier round made it for an unreserved run, and the
+    run's stored row."""
     key = (run.cluster, run.job_id)
-    holds = _load_holds(s, {key}).get(key, [])
-    stored = _stored_of_job(_load_stored(s, {key}), key)
+    holds = jobruns.load_hold_views(s, {key}).get(key, [])
+    job_rows = _StoredRuns(jobruns.load_job_runs(s, {key}))
     hold = _pick_hold(
-        run, holds, lambda: _claims(run, stored), lambda ids: _hold_starts(s, ids), tolerance_seconds
+        run,
+        holds,
+        lambda: job_rows.claims(run),
+        lambda ids: jobruns.hold_starts(s, ids),
+        tolerance_seconds,
     )
-    return hold, _made_unreserved(stored.get(run.run), hold)
+    stored = job_rows.of(run)
+    return hold, _made_unreserved(stored, hold), stored
 
 
 def _execute(s: Session, run: SacctRun, plan: Plan) -> RunOutcome:
@@ -703,6 +543,7 @@ def _execute(s: Session, run: SacctRun, plan: Plan) -> RunOutcome:
             started_at=run.start,
             elapsed_seconds=run.elapsed_seconds,
             partition=run.partition or None,
+            submitted_at=run.submit,
         )
         return _outcome(
             run,
@@ -735,6 +576,20 @@ def _execute(s: Session, run: SacctRun, plan: Plan) -> RunOutcome:
     )
 
 
+def _price_lookup(s: Session, run: SacctRun) -> Callable[[str], int | None]:
+    """The price in force at the run's start, read only when a type needs it."""
+    start = run.start
+
+    @functools.cache
+    def table() -> api.PriceTable:
+        return api.load_price_table(s)
+
+    def price_of(gpu_type: str) -> int | None:
+        return None if start is None else table().price_at(gpu_type, run.partition or None, start)
+
+    return price_of
+
+
 def reconcile_run(
     s: Session, run: SacctRun, policy: Policy = DEFAULT_POLICY, *, now: datetime | None = None
 ) -> RunOutcome:
@@ -747,13 +602,8 @@ def reconcile_run(
     if reason is not None:
         return _outcome(run, "skipped", detail=reason)
     now = now or utcnow()
-    start = run.start
-
-    def price_of(gpu_type: str) -> int | None:
-        return None if start is None else price_at(s, gpu_type, run.partition or None, start)
-
-    hold, unreserved_hold = _read_hold_for(s, run, policy.start_tolerance_seconds)
-    plan = plan_run(run, hold, policy, price_of, now=now, unreserved_hold=unreserved_hold)
+    hold, unreserved_hold, stored = _read_hold_for(s, run, policy.start_tolerance_seconds)
+    plan = plan_run(run, hold, policy, _price_lookup(s, run), now=now, unreserved_hold=unreserved_hold)
     if plan.action == "wait":
         return _outcome(run, "skipped", hold_id=hold.id if hold else None, detail="waiting for the epilog")
     # No lock of our own: each ledger operation locks the payer's account and reads the
@@ -768,7 +618,8 @@ def reconcile_run(
         charged_ucredits=outcome.charged_ucredits if outcome.hold_id is not None else 0,
         now=now,
     )
-    upsert_job_runs(s, [row])
+    jobruns.adopt_submit_times(s, _adopting(run, stored))
+    jobruns.upsert_job_runs(s, [row])
     return outcome
 
 
@@ -838,36 +689,50 @@ def _reconcile_batch(
     summary: Summary,
 ) -> None:
     with session_factory() as s, s.begin():
-        stored = _load_stored(s, jobs.keys())
+        stored = jobruns.load_job_runs(s, jobs.keys())
+        job_rows = _StoredRuns(stored)
         changed: dict[tuple[str, int], list[SacctRun]] = {}
         unchanged = 0
         for key, job_runs in jobs.items():
             for run in job_runs:
-                if not force and _unchanged(run, stored.get((key[0], key[1], run.run))):
+                if not force and _unchanged(run, job_rows.of(run)):
                     unchanged += 1
                 else:
                     changed.setdefault(key, []).append(run)
         summary.counts["unchanged"] += unchanged
         # Only jobs with a changed run need their holds: re-reading a window costs one read.
-        holds_by_job = _load_holds(s, changed.keys()) if changed else {}
-    rows: list[JobRunRow] = []
+        holds_by_job = jobruns.load_hold_views(s, changed.keys()) if changed else {}
+        prices = api.load_price_table(s) if changed else None
+    inserts: list[JobRunRow] = []
+    updates: list[JobRunRow] = []
+    adopted: list[AttemptKey] = []
     per_run: list[SacctRun] = []
-
-    def no_price(gpu_type: str) -> int | None:
-        raise _PriceNotLoaded(gpu_type)
-
     for key, job_runs in changed.items():
         holds = holds_by_job.get(key, [])
         for run in job_runs:
-            hold = _exact_hold(run, holds)
-            if hold is None and holds and run.start is not None:
-                per_run.append(run)  # a hold numbered differently, maybe: match by start, per run
-                continue
             try:
-                unreserved_hold = _made_unreserved(stored.get((key[0], key[1], run.run)), hold)
-                plan = plan_run(run, hold, policy, no_price, now=now, unreserved_hold=unreserved_hold)
-            except _PriceNotLoaded:
-                per_run.append(run)  # a GPU type its hold did not price: look it up, per run
+                hold = _pick_hold(
+                    run,
+                    holds,
+                    functools.partial(job_rows.claims, run),
+                    _per_run,
+                    policy.start_tolerance_seconds,
+                )
+            except _PerRun:
+                per_run.append(run)  # a hold without a submit time, maybe matched by start: per run
+                continue
+            own_row = job_rows.of(run)
+            start = run.start
+            assert prices is not None
+
+            def price_of(gpu_type: str, run: SacctRun = run, start: datetime | None = start) -> int | None:
+                return None if start is None else prices.price_at(gpu_type, run.partition or None, start)
+
+            try:
+                unreserved_hold = _made_unreserved(own_row, hold)
+                plan = plan_run(run, hold, policy, price_of, now=now, unreserved_hold=unreserved_hold)
+            except LedgerError:
+                per_run.append(run)  # e.g. a GPU type without a price: fails, recorded, per run
                 continue
             if plan.action == "wait":
                 summary.add(_outcome(run, "skipped", detail="waiting for the epilog"))
@@ -877,18 +742,20 @@ def _reconcile_batch(
                 continue
             hold_id = hold.id if hold is not None else None
             charged = hold.charged_ucredits if hold is not None else 0
-            rows.append(
-                _job_run_row(run, flags=plan.flags, hold_id=hold_id, charged_ucredits=charged, now=now)
-            )
+            row = _job_run_row(run, flags=plan.flags, hold_id=hold_id, charged_ucredits=charged, now=now)
+            (inserts if own_row is None else updates).append(row)
+            adopted.extend(_adopting(run, own_row))
             summary.counts[_counter(plan)] += 1  # matched / not_charged: counted, not listed
-    if rows:
+    if inserts or updates:
         try:
             with session_factory() as s, s.begin():
-                insert_job_runs(s, [row for row in rows if row[:3] not in stored])
-                upsert_job_runs(s, [row for row in rows if row[:3] in stored])
+                jobruns.adopt_submit_times(s, adopted)
+                jobruns.insert_job_runs(s, inserts)
+                jobruns.upsert_job_runs(s, updates)
         except IntegrityError:  # another writer stored one of these runs since we read: upsert all
             with session_factory() as s, s.begin():
-                upsert_job_runs(s, rows)
+                jobruns.adopt_submit_times(s, adopted)
+                jobruns.upsert_job_runs(s, inserts + updates)
     for run in per_run:
         summary.add(_reconcile_one(session_factory, run, policy, now))
 
@@ -902,17 +769,14 @@ def _reconcile_one(
             return reconcile_run(s, run, policy, now=now)
     except LedgerError as error:
         with session_factory() as s, s.begin():
-            before = s.execute(
-                select(job_runs_t.c.flags).where(
-                    job_runs_t.c.cluster == run.cluster,
-                    job_runs_t.c.job_id == run.job_id,
-                    job_runs_t.c.run == run.run,
-                )
-            ).scalar()
+            key = (run.cluster, run.job_id)
+            stored = _StoredRuns(jobruns.load_job_runs(s, {key})).of(run)
             # Keep what the row said (e.g. unreserved) next to the error, for the retry.
-            flags = [flag for flag in (before or "").split(",") if flag and flag != "error"]
+            before = stored.flags if stored is not None else ""
+            flags = [flag for flag in before.split(",") if flag and flag != "error"]
             row = _job_run_row(run, flags=(*flags, "error"), hold_id=None, charged_ucredits=0, now=now)
-            upsert_job_runs(s, [row], keep_charge=True)
+            jobruns.adopt_submit_times(s, _adopting(run, stored))
+            jobruns.upsert_job_runs(s, [row], keep_charge=True)
         return _outcome(run, "failed", flags=("error",), detail=f"{error.code}: {error.message}")
 
 
@@ -930,12 +794,12 @@ def _run_from_row(row: Any) -> SacctRun:
         account=row.account,
         partition=row.partition or "",
         state=row.state,
-        submit=None,
+        submit=None if row.submitted_at == UNKNOWN_SUBMIT else row.submitted_at,
         start=row.start_at,
         end=row.end_at,
         elapsed_seconds=row.elapsed_seconds,
         time_limit_seconds=None,
-        gpus=parse_pairs(row.gpus),
+        gpus=dict(_gpu_counts(row.gpus)),
         requested_gpus={},
         nodes=nodes,
         node_count=len(nodes),
@@ -962,15 +826,10 @@ def reconcile_stored(
     summary = Summary()
     last_id = 0
     while True:
-        query = (
-            select(job_runs_t).where(job_runs_t.c.id > last_id).order_by(job_runs_t.c.id).limit(batch_runs)
-        )
-        if not include_all:
-            query = query.where(job_runs_t.c.flags.contains("error"))
-        if since is not None:
-            query = query.where(job_runs_t.c.end_at >= since)
         with session_factory() as s, s.begin():
-            rows = s.execute(query).all()
+            rows = jobruns.job_runs_page(
+                s, last_id, batch_runs, failed_only=not include_all, ended_since=since
+            )
         if not rows:
             return summary
         last_id = rows[-1].id

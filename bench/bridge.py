@@ -41,7 +41,6 @@ from accounting_bridge.reconcile import reconcile_runs
 from accounting_bridge.sacct import SacctRun, parse_parsable2
 from ledger import api
 from ledger.db import make_engine, make_sessionmaker
-from ledger.money import charge_for
 from ledger.schema import upgrade
 
 GOAL_INGEST_PER_SECOND = 50_000
@@ -115,7 +114,7 @@ def sacct_line(spec: dict[str, object]) -> str:
 
 
 def rate_of(gpus: dict[str, int]) -> int:
-    return sum(PRICES_UCREDITS_PER_HOUR[t] * n for t, n in gpus.items())
+    return api.rate_of(gpus, PRICES_UCREDITS_PER_HOUR)
 
 
 def setup(
@@ -148,7 +147,7 @@ def setup(
         roll = rng.random()
         (none if roll < unreserved else short if roll < unreserved + adjust else right).append(run)
     columns = (
-        'account_id, "user", cluster, job_id, run, partition, gpus, gpu_count, unit_prices, '
+        'account_id, "user", cluster, job_id, run, submitted_at, partition, gpus, gpu_count, unit_prices, '
         "rate_ucredits_per_hour, limit_seconds, amount_ucredits, charged_ucredits, charged_seconds, "
         "debt_ucredits, state, started_at, expires_at, resolved_at, request_hash"
     )
@@ -161,11 +160,14 @@ def setup(
                 gpus_text = ",".join(f"{t}:{n}" for t, n in sorted(run.gpus.items()))
                 prices = ",".join(f"{t}:{PRICES_UCREDITS_PER_HOUR[t]}" for t in sorted(run.gpus))
                 start = run.start.replace(tzinfo=None)
+                assert run.submit is not None
+                submitted = run.submit.replace(tzinfo=None)
                 copy.write_row(
                     (
-                        ids[run.account], run.user, run.cluster, run.job_id, run.run, run.partition,
-                        gpus_text, run.gpu_count, prices, rate, 43_200, charge_for(rate, 43_200),
-                        charge_for(rate, run.elapsed_seconds), run.elapsed_seconds, 0, "settled",
+                        ids[run.account], run.user, run.cluster, run.job_id, run.run, submitted,
+                        run.partition, gpus_text, run.gpu_count, prices, rate, 43_200,
+                        api.charge_for(rate, 43_200), api.charge_for(rate, run.elapsed_seconds),
+                        run.elapsed_seconds, 0, "settled",
                         start, start + timedelta(seconds=43_800), run.end.replace(tzinfo=None), "bench",
                     )
                 )  # fmt: skip
@@ -189,6 +191,7 @@ def settle_short(factory: Any, run: SacctRun) -> None:
             run=run.run,
             partition=run.partition,
             at=run.start,
+            submitted_at=run.submit,
         )
         elapsed = max(0, run.elapsed_seconds - 2)
         api.settle_hold(s, hold.id, elapsed, run.start + timedelta(seconds=elapsed))

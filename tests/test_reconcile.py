@@ -127,8 +127,11 @@ def hold_for(
     settle_seconds: int | None = None,
     hold_run: int | None = None,
     at: datetime | None = None,
+    submitted_at: datetime | None = None,
 ) -> api.HoldState:
-    """The hooks' part: a hold at the run's start, settled with `settle_seconds` unless None."""
+    """The hooks' part: a hold at the run's start, settled with `settle_seconds` unless None.
+
+    Without `submitted_at` the hold has no submit time (older hooks, the CLI)."""
     with tx() as s:
         hold = api.create_hold(
             s,
@@ -141,6 +144,7 @@ def hold_for(
             run=run.run if hold_run is None else hold_run,
             partition=run.partition,
             at=at or run.start,
+            submitted_at=submitted_at,
         )
         if settle_seconds is not None:
             assert run.start is not None
@@ -295,6 +299,124 @@ def test_hold_numbered_differently_is_found_by_its_start(ledger, factory) -> Non
     late = synthetic(3002, start=T + timedelta(seconds=60))
     hold_for(ledger, late, "a100:1", hold_run=1, at=T)
     assert reconcile(factory, [late]).counts["unreserved"] == 1
+
+
+# --------------------------------------------------------------------------- job ids reused
+
+
+OLD_SUBMIT = T - timedelta(seconds=10)
+NEW_SUBMIT = T + timedelta(days=1)
+
+
+def rows_of_job(tx: Callable[[], Any], job_id: int) -> list[tuple[Any, ...]]:
+    """(run, submitted_at, hold_id, charged, elapsed) of every stored attempt under the id."""
+    with tx() as s:
+        rows = s.execute(
+            select(job_runs_t).where(job_runs_t.c.job_id == job_id).order_by(job_runs_t.c.submitted_at)
+        )
+        return [(r.run, r.submitted_at, r.hold_id, r.charged_ucredits, r.elapsed_seconds) for r in rows]
+
+
+def old_job_1_then_new_job_1(ledger, factory) -> tuple[SacctRun, api.HoldState, SacctRun, api.HoldState]:
+    """Old job 1 ran 1802 s (held, settled 1800 s by the hooks, sacct ingested: +0.004);
+    then the cluster was rebuilt and a new job 1 ran 600 s, held and settled by the hooks."""
+    old = synthetic(1, submit=OLD_SUBMIT, start=T, elapsed_seconds=1802, gpus={"h100": 2})
+    old_hold = hold_for(ledger, old, "h100:2", settle_seconds=1800, submitted_at=OLD_SUBMIT)
+    assert reconcile(factory, [old]).counts["adjusted"] == 1
+    new_start = NEW_SUBMIT + timedelta(seconds=5)
+    new = synthetic(1, submit=NEW_SUBMIT, start=new_start, elapsed_seconds=600, gpus={"a100": 1})
+    new_hold = hold_for(ledger, new, "a100:1", seconds=3600, settle_seconds=600, submitted_at=NEW_SUBMIT)
+    return old, old_hold, new, new_hold
+
+
+def assert_both_books_right(ledger, old_hold: api.HoldState, new_hold: api.HoldState) -> None:
+    with ledger() as s:
+        assert api.get_hold(s, old_hold.id).charged_ucredits == 3_604_000  # 7.2/h × 1802 s
+        assert api.get_hold(s, new_hold.id).charged_ucredits == 333_333  # 2.0/h × 600 s
+        assert api.balance(s, "physics")["available"] == "96.062667"
+    verify_ok(ledger)
+
+
+def test_a_new_job_with_an_old_id_is_reconciled_as_itself(ledger, factory) -> None:
+    """sacct keeps the old job 1 beside the new one; alone in the by-id read (the old one
+    past the look-back), the new job's attempt is run 0, as the old one's was."""
+    old, old_hold, new, new_hold = old_job_1_then_new_job_1(ledger, factory)
+    before = counts(ledger)
+
+    summary = reconcile(factory, [new])
+
+    assert (summary.counts["matched"], summary.counts["adjusted"], summary.counts["unreserved"]) == (1, 0, 0)
+    assert counts(ledger)[:4] == before[:4]  # no entry, posting, hold or grant
+    assert rows_of_job(ledger, 1) == [
+        (0, OLD_SUBMIT, old_hold.id, 3_604_000, 1802),
+        (0, NEW_SUBMIT, new_hold.id, 333_333, 600),
+    ]
+    assert_both_books_right(ledger, old_hold, new_hold)
+    # The old job's record read again (an overlapping window) changes neither job.
+    again = reconcile(factory, [old, new])
+    assert again.counts["unchanged"] == 2
+    assert counts(ledger) == before[:4] + (before[4] + 1,)
+    assert_both_books_right(ledger, old_hold, new_hold)
+
+
+def test_both_incarnations_in_one_sacct_read_each_match_their_own_hold(ledger, factory) -> None:
+    """Read together, sacct numbers the attempts of id 1 as one job: the new one is run 1.
+    Each still matches its own hold, by submit time; nothing moves; a second round neither."""
+    old, old_hold, new, new_hold = old_job_1_then_new_job_1(ledger, factory)
+    before = counts(ledger)
+    new_as_sacct_numbers_it = replace(new, run=1)
+
+    summary = reconcile(factory, [old, new_as_sacct_numbers_it])
+
+    assert (summary.counts["unchanged"], summary.counts["matched"]) == (1, 1)
+    assert counts(ledger)[:4] == before[:4]
+    assert rows_of_job(ledger, 1) == [
+        (0, OLD_SUBMIT, old_hold.id, 3_604_000, 1802),
+        (1, NEW_SUBMIT, new_hold.id, 333_333, 600),
+    ]
+    assert stored_flags(ledger, 1, NEW_SUBMIT) == ""  # matched by submit time, not by start
+    assert reconcile(factory, [old, new_as_sacct_numbers_it]).counts["unchanged"] == 2
+    assert counts(ledger) == before[:4] + (before[4] + 1,)
+    assert_both_books_right(ledger, old_hold, new_hold)
+
+
+def stored_flags(tx: Callable[[], Any], job_id: int, submitted_at: datetime) -> str:
+    with tx() as s:
+        return str(
+            s.execute(
+                select(job_runs_t.c.flags).where(
+                    job_runs_t.c.job_id == job_id, job_runs_t.c.submitted_at == submitted_at
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_new_job_that_no_hook_saw_is_charged_as_itself(ledger, factory) -> None:
+    """A hook outage for the new job 1: the old job's settled hold is not its hold."""
+    old, old_hold, new, _new_hold = old_job_1_then_new_job_1(ledger, factory)
+    outage = synthetic(1, submit=NEW_SUBMIT + timedelta(days=1), start=T + timedelta(days=2))
+    summary = reconcile(factory, [outage])
+    (charged,) = only(summary, "unreserved")
+    assert charged.change_ucredits == 333_333  # a100 × 600 s
+    with ledger() as s:
+        assert api.get_hold(s, old_hold.id).charged_ucredits == 3_604_000
+        unreserved = api.get_hold(s, cast(int, charged.hold_id))
+    assert unreserved.as_dict()["submitted_at"] == "2026-12-04T10:00:00Z"
+    verify_ok(ledger)
+
+
+def test_a_row_stored_before_attempts_had_submit_times_is_adopted_not_doubled(ledger, factory) -> None:
+    """Rows from before migration 0004 have no submit time: the same attempt read again
+    (same run index and start) updates that row instead of adding a twin, and moves no money."""
+    run = synthetic(2001, submit=T - timedelta(seconds=30))
+    hold = hold_for(ledger, run, "a100:1", settle_seconds=600)  # an old hook: no submit time
+    assert reconcile(factory, [replace(run, submit=None)]).counts["matched"] == 1
+    before = counts(ledger)
+    summary = reconcile(factory, [run])
+    assert summary.counts["matched"] == 1
+    assert counts(ledger) == before
+    assert rows_of_job(ledger, 2001) == [(0, T - timedelta(seconds=30), hold.id, 333_333, 600)]
+    assert reconcile(factory, [run]).counts["unchanged"] == 1
 
 
 # --------------------------------------------------------------------------- no hold
@@ -500,7 +622,7 @@ def test_runs_another_writer_stored_meanwhile_are_upserted(ledger, factory, monk
     # 210 rows: PostgreSQL inserts them with COPY, which the stored rows make fail.
     runs = [synthetic(30_000 + i, gpus={}) for i in range(210)]
     reconcile(factory, runs)
-    monkeypatch.setattr("accounting_bridge.reconcile._load_stored", lambda s, jobs: {})
+    monkeypatch.setattr("ledger.jobruns.load_job_runs", lambda s, jobs: {})
     changed = [replace(run, elapsed_seconds=5) for run in runs]
     assert reconcile(factory, changed).counts["not_charged"] == 210
     assert counts(ledger)[4] == 210
