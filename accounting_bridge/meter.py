@@ -4,8 +4,9 @@ One tick (DESIGN §3 step 3):
 
 1. ``squeue --json`` (through a job source) lists the running jobs; one query lists
    the active holds.
-2. Every active hold whose run ``(cluster, job id, restart count)`` is RUNNING is
-   due ``now - start`` seconds, rounded down to the interval. Holds already charged
+2. Every active hold whose attempt is RUNNING (:func:`running_holds`: same cluster,
+   job id and restart count, and the hold was taken with the attempt's submit time)
+   is due ``now - start`` seconds, rounded down to the interval. Holds already charged
    that far are skipped; the rest are charged per account, one transaction and one
    account lock each (:func:`ledger.api.hold_usage_many`). A charge is
    ``charge_for(rate, cumulative seconds)`` rounded once, so the ticks never drift
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ __all__ = [
     "cancel_argvs",
     "meter_command",
     "renew_leases",
+    "running_holds",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,6 +155,36 @@ def cancel_argvs(job_spec: str, reason: str) -> list[list[str]]:
     ]
 
 
+def running_holds(
+    holds: Sequence[api.ActiveRun], running: Mapping[tuple[str, int, int], SqueueJob]
+) -> dict[int, SqueueJob]:
+    """The running job each active hold's time is charged to, by hold id.
+
+    A hold is its job's when it was taken for the attempt squeue shows: same cluster,
+    job id and run, and the attempt's submit time. Slurm reuses job ids, so an old job
+    whose epilog was lost can leave an active hold under the id a new job runs with;
+    that hold has the old submit time and is never charged for the new job (the sweep
+    expires it). A hold taken without a submit time (older hooks, the CLI) is matched
+    by run alone, unless the job has a hold of its own.
+    """
+    own: set[tuple[str, int, int]] = set()
+    for hold in holds:
+        job = running.get((hold.cluster, hold.job_id, hold.run))
+        if job is not None and job.submit is not None and hold.submitted_at == job.submit:
+            own.add(job.key)
+    matched: dict[int, SqueueJob] = {}
+    for hold in holds:
+        job = running.get((hold.cluster, hold.job_id, hold.run))
+        if job is None:
+            continue
+        if hold.submitted_at == api.UNKNOWN_SUBMIT:
+            if job.key not in own:
+                matched[hold.hold_id] = job
+        elif job.submit is not None and hold.submitted_at == job.submit:
+            matched[hold.hold_id] = job
+    return matched
+
+
 def _job_spec(job: SqueueJob) -> str:
     # An array task's raw id may equal the array's own id, which names every task.
     return job.display_id if job.array_job_id is not None or job.het_job_id is not None else str(job.job_id)
@@ -246,15 +278,11 @@ class Meter:
         if len(holds) == MAX_ACTIVE_HOLDS:
             report.errors.append(f"more than {MAX_ACTIVE_HOLDS} active holds; the newest wait a tick")
         report.active_holds = len(holds)
-        plan, expiring = self._plan(holds, running, now, report)
+        jobs = running_holds(holds, running)
+        plan, expiring = self._plan(holds, jobs, now, report)
         report.seconds["load"] = clock() - started
 
         started = clock()
-        jobs = {
-            h.hold_id: running[(h.cluster, h.job_id, h.run)]
-            for h in holds
-            if (h.cluster, h.job_id, h.run) in running
-        }
         accounts = sorted(plan)
         if self.workers > 1 and len(accounts) > 1:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="meter") as pool:
@@ -309,7 +337,7 @@ class Meter:
     def _plan(
         self,
         holds: Sequence[api.ActiveRun],
-        running: dict[tuple[str, int, int], SqueueJob],
+        jobs: Mapping[int, SqueueJob],
         now: datetime,
         report: MeterTick,
     ) -> tuple[dict[str, list[tuple[int, int, datetime | None]]], set[str]]:
@@ -319,7 +347,7 @@ class Meter:
         for hold in holds:
             if hold.expires_at <= now:
                 expiring.add(hold.account)
-            job = running.get((hold.cluster, hold.job_id, hold.run))
+            job = jobs.get(hold.hold_id)
             if job is None or job.start is None:
                 report.not_running += 1
                 continue

@@ -56,6 +56,7 @@ from ledger.holds import (
 )
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
 from ledger.limits import CapOverrun, daily_cap_overruns
+from ledger.models import UNKNOWN_SUBMIT
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.prices import (
     PriceTable,
@@ -72,6 +73,7 @@ from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
 
 __all__ = [
+    "UNKNOWN_SUBMIT",
     "ActiveRun",
     "CapOverrun",
     "Estimate",

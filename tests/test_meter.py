@@ -300,6 +300,61 @@ def test_lease_mode_is_refused_until_renewals_exist(tx) -> None:
         renew_leases(None, "physics", [], T0)  # type: ignore[arg-type]
 
 
+def attempt_hold(tx: Callable[[], Any], job_id: int, submitted_at: datetime | None, *, at: datetime) -> int:
+    """The prolog's hold: it names the attempt by Slurm's SubmitTime (None: an older hook)."""
+    with tx() as s:
+        return api.create_hold(
+            s,
+            "physics",
+            user="alice",
+            job_id=job_id,
+            gpus="a100:1",
+            seconds=3600,
+            cluster="lab",
+            at=at,
+            submitted_at=submitted_at,
+        ).id
+
+
+def test_an_old_jobs_stale_hold_is_not_charged_for_a_new_job_with_its_id(tx) -> None:
+    """Old job 1 lost its epilog (its hold is active until it expires); the cluster reused
+    id 1. The meter charges the new job's hold only, and a second tick changes nothing."""
+    setup_account(tx)
+    old = attempt_hold(tx, 1, T0 - timedelta(minutes=40), at=T0 - timedelta(minutes=30))
+    job = running(1)  # submitted 5 s before T0, started at T0
+    new = attempt_hold(tx, 1, job.submit, at=T0)
+    clock = Clock(T0 + timedelta(seconds=65))
+    meter = make_meter(tx, FakeSqueue([job]), clock)
+
+    report = meter.tick()
+
+    assert (report.charged, report.not_running, report.errors) == (1, 1, [])
+    again = meter.tick()
+    assert (again.charged, again.not_due, again.not_running) == (0, 1, 1)
+    with tx() as s:
+        assert [api.get_hold(s, h).charged_seconds for h in (old, new)] == [0, 60]
+        assert (revenue_of(s, old), revenue_of(s, new)) == (0, charge_for(A100_RATE, 60)) == (0, 33_333)
+        # 100 less the two holds' 2.00 each: a charge draws on its own hold's earmark.
+        assert api.balance(s, "physics")["available"] == "96.00"
+        assert api.verify(s).ok
+
+
+def test_a_hold_without_a_submit_time_is_charged_unless_the_job_has_its_own(tx) -> None:
+    """Holds from older hooks or the CLI carry no submit time: matched by run alone."""
+    setup_account(tx)
+    legacy = attempt_hold(tx, 7, None, at=T0)
+    clock = Clock(T0 + timedelta(seconds=31))
+    meter = make_meter(tx, FakeSqueue([running(7), running(8)]), clock)
+    assert meter.tick().charged == 1
+    legacy_of_8 = attempt_hold(tx, 8, None, at=T0)
+    own_of_8 = attempt_hold(tx, 8, running(8).submit, at=T0)
+    clock.at(61)
+    assert meter.tick().charged == 2
+    with tx() as s:
+        charged = [api.get_hold(s, h).charged_seconds for h in (legacy, legacy_of_8, own_of_8)]
+    assert charged == [60, 0, 60]
+
+
 def test_squeue_parse_errors_are_reported(tx) -> None:
     setup_account(tx)
     squeue = FakeSqueue()
