@@ -6,7 +6,7 @@ from the registry files the node Prolog wrote (``agent.spool_dir``, ``%n`` = the
 name), and charges the time since the previous tick to the owners
 (:class:`~accounting_bridge.sampler.UsageAccumulator`). A unit nobody owns is
 charged to nobody. Then it adds what changed to the ledger database's ``gpu_usage``
-(:func:`ledger.efficiency.add_gpu_usage`): metrics, never charges.
+(:func:`ledger.api.add_gpu_usage`): metrics, never charges.
 
 Why increments of cumulative integers: the accumulator keeps float totals per job
 run and GPU type; the agent sends ``int(total) - already sent`` (rounded half-up
@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from accounting_bridge.nvml_fake import FakeGpu, FakeNvml
 from accounting_bridge.sampler import GpuRegistry, GpuUsage, JobRunKey, UsageAccumulator, sample_node
-from ledger.efficiency import UsageDelta, add_gpu_usage
+from ledger.api import UsageDelta, add_gpu_usage
 
 __all__ = ["Agent", "AgentTick", "agent_command", "fake_nvml_from_spec"]
 

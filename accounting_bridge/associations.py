@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from ledger import api
-from ledger.accounts import is_member, read_account
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config
 from ledger.errors import InvalidInput
@@ -62,9 +61,9 @@ def import_associations(s: Session, associations: dict[str, set[str]]) -> Import
         except InvalidInput:
             result.skipped.append(account)
             continue
-        account_id = read_account(s, account).id
+        members = set(api.members(s, account))
         for user in sorted(associations[account]):
-            if not is_member(s, account_id, user):
+            if user not in members:
                 api.add_member(s, user, account)
                 result.members_added.append(f"{user}@{account}")
     return result

@@ -114,6 +114,7 @@ def take_holds(s: Session, name: str, job_ids: range) -> list[SqueueJob]:
                 "cluster": "lab",
                 "job_id": job_id,
                 "run": 0,
+                "submitted_at": T0,  # the attempt's SubmitTime, as the prolog sends it
                 "partition": None,
                 "gpus": format_gpus(gpus),
                 "gpu_count": 1,
