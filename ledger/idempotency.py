@@ -82,7 +82,7 @@ def remember(
             key=key,
             operation=operation,
             request_hash=request_hash(operation, body),
-            result=json.dumps(result, sort_keys=True),
+            result=json.dumps(result),  # in its own key order: a replay prints as the first did
             created_at=utcnow(),
         )
     )

@@ -241,6 +241,8 @@ def rate_for(
 
 
 def list_prices(s: Session) -> list[dict[str, Any]]:
+    """Every price version: by type, the general price before partitions' (on both stores:
+    PostgreSQL sorts NULL last unless told), then by effective time."""
     return [
         {
             "gres": r.gres,
@@ -249,6 +251,8 @@ def list_prices(s: Session) -> list[dict[str, Any]]:
             "effective_at": format_time(r.effective_at),
         }
         for r in s.execute(
-            select(prices_t).order_by(prices_t.c.gres, prices_t.c.partition, prices_t.c.effective_at)
+            select(prices_t).order_by(
+                prices_t.c.gres, prices_t.c.partition.nulls_first(), prices_t.c.effective_at, prices_t.c.id
+            )
         )
     ]
