@@ -6,26 +6,39 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from sqlalchemy import text
 
 from gpucredit.cli import _build
 from ledger import cli_support
 
 
-@pytest.fixture
-def gc(db_url: str) -> Iterator:
+def cli_for(db_url: str) -> Callable[..., Result]:
+    """Run `gpucredit ARGS` against `db_url`; assert the exit status (`code`, default 0)."""
     runner = CliRunner()
     root = _build()
 
-    def run(*args: str, code: int = 0):
+    def run(*args: str, code: int = 0) -> Result:
         result = runner.invoke(root, list(args), env={"GPUCREDIT_DATABASE_URL": db_url})
         assert result.exit_code == code, (args, result.output, result.stderr)
         return result
 
+    return run
+
+
+def dispose_engine(db_url: str) -> None:
+    """Close the CLI's cached engine for `db_url` (a test database is dropped after the test)."""
+    engine = cli_support._engines.pop(db_url, None)
+    if engine is not None:
+        engine.dispose()
+
+
+@pytest.fixture
+def gc(db_url: str) -> Iterator[Callable[..., Result]]:
+    run = cli_for(db_url)
     run("price", "set", "a100", "2.00", "--effective", "2026-01-01")
     run("price", "set", "h100", "3.60", "--effective", "2026-01-01")
     run("account", "create", "physics")
@@ -34,31 +47,39 @@ def gc(db_url: str) -> Iterator:
     run("topup", "physics", "100", "--effective", "2026-11-01", "--idempotency-key", "pay-1")
     run("grant", "physics", "20", "--effective", "2026-12-01T00:00Z", "--expires", "2026-12-08T00:00Z")
     yield run
-    engine = cli_support._engines.pop(db_url, None)
-    if engine is not None:
-        engine.dispose()
+    dispose_engine(db_url)
+
+
+COUNTED_TABLES = (
+    "entries",
+    "postings",
+    "grants",
+    "holds",
+    "hold_allocations",
+    "prices",
+    "accounts",
+    "members",
+    "limits",
+    "idempotency_keys",
+)
 
 
 def _state(db_url: str) -> tuple:
+    """Row counts of every ledger table, and the rows a repeat could change in place."""
     engine = cli_support.engine_for(db_url)
     with engine.connect() as c:
-        counts = tuple(
-            c.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
-            for t in (
-                "entries",
-                "postings",
-                "grants",
-                "holds",
-                "prices",
-                "accounts",
-                "limits",
-                "idempotency_keys",
+        counts = tuple(c.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES)
+        rows = tuple(
+            tuple(map(tuple, c.execute(text(query)).all()))
+            for query in (
+                "SELECT id, remaining_ucredits, earmarked_ucredits FROM grants ORDER BY id",
+                "SELECT id, state, charged_ucredits, charged_seconds, debt_ucredits FROM holds ORDER BY id",
+                "SELECT id, debt_ucredits, entry_count, head_hash FROM accounts ORDER BY id",
+                'SELECT id, "user", max_gpus, max_rate_ucredits_per_second, daily_cap_ucredits'
+                " FROM limits ORDER BY id",
             )
         )
-        remainders = c.execute(
-            text("SELECT id, remaining_ucredits, earmarked_ucredits FROM grants ORDER BY id")
-        ).all()
-    return counts, tuple(map(tuple, remainders))
+    return counts, rows
 
 
 BAD_INPUTS = [
@@ -218,7 +239,7 @@ def test_topup_with_same_key_is_one_grant(gc, db_url) -> None:
         ).output
     )
     assert first["amount"] == "100.00" and first["id"] == 1
-    assert _state(db_url)[0][2] == 2  # the top-up and the promotion, nothing more
+    assert _state(db_url)[0][COUNTED_TABLES.index("grants")] == 2  # the top-up and the promotion
 
 
 def test_balance_formats_and_worked_example_via_cli(gc) -> None:
