@@ -155,6 +155,9 @@ REPEATS: dict[str, tuple[list[tuple[str, ...]], tuple[str, ...], tuple[str, ...]
 }
 
 
+NO_FORMAT = {"account create", "user add"}  # they print one line, no --format
+
+
 @pytest.mark.parametrize("verb", list(REPEATS))
 def test_a_keyed_repeat_prints_the_first_result_and_changes_nothing(gc, db_url, verb) -> None:
     setup, request, _other = REPEATS[verb]
@@ -182,9 +185,6 @@ def test_the_same_key_with_another_body_is_an_idempotency_conflict(gc, db_url, v
     )
     assert refused.output == refused.stderr  # nothing on stdout
     assert _state(db_url) == before
-
-
-NO_FORMAT = {"account create", "user add"}
 
 
 def test_a_key_names_one_operation_in_its_account(gc, db_url) -> None:
