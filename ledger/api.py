@@ -283,7 +283,7 @@ def _adjust(
             "entry_id": entry.id,
             "links_entry_id": links_entry_id,
         }
-    result = _grants.create_grant(s, acct, -delta, source="refund", at=at)
+    result = _grants.create_grant(s, acct, -delta, source="refund", at=at, links_entry_id=links_entry_id)
     return {
         "account": account,
         "adjustment": format_credits(delta),

@@ -151,6 +151,7 @@ def create_grant(
     user: str | None = None,
     idempotency_key: str | None = None,
     at: datetime | None = None,
+    links_entry_id: int | None = None,
 ) -> dict[str, Any]:
     """A top-up (source 'topup'), a promotion grant ('grant') or a refund ('refund').
 
@@ -160,6 +161,20 @@ def create_grant(
     """
     if amount_ucredits <= 0:
         raise InvalidInput("amount must be greater than zero", code="invalid_amount")
+    # The request as the caller gave it: a retry that again omits the times is a repeat,
+    # though "now" has moved on.
+    body = {
+        "amount": amount_ucredits,
+        "source": source,
+        "effective_at": format_time(effective_at),
+        "expires_at": format_time(expires_at),
+        "priority": priority,
+        "reference": reference,
+        "links_entry_id": links_entry_id,
+    }
+    first = idempotency.replay(s, account.id, idempotency_key, source, body)
+    if first is not None:
+        return first
     at = at or utcnow()
     effective_at = effective_at or at
     if expires_at is not None and expires_at <= effective_at:
@@ -170,17 +185,6 @@ def create_grant(
         )
     if not isinstance(priority, int) or not 0 <= priority <= 1000:
         raise InvalidInput(f"priority {priority!r} must be a whole number 0..1000", code="invalid_priority")
-    body = {
-        "amount": amount_ucredits,
-        "source": source,
-        "effective_at": format_time(effective_at),
-        "expires_at": format_time(expires_at),
-        "priority": priority,
-        "reference": reference,
-    }
-    first = idempotency.replay(s, account.id, idempotency_key, source, body)
-    if first is not None:
-        return first
     grant_id = s.execute(
         insert(grants_t)
         .values(
@@ -204,6 +208,7 @@ def create_grant(
         effective_at,
         [Leg(SOURCES[source], -amount_ucredits), Leg(account.id, amount_ucredits, "available", grant_id)],
         user=user,
+        links_entry_id=links_entry_id,
         memo={"reference": reference} if reference else None,
     )
     remaining = amount_ucredits
@@ -254,11 +259,11 @@ def consume(
     memo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Charge credit directly (no hold): all of it from free active credit, or refuse."""
-    at = at or utcnow()
     body = {"amount": amount_ucredits, "at": format_time(at), "user": user}
     first = idempotency.replay(s, account.id, idempotency_key, "consume", body)
     if first is not None:
         return first
+    at = at or utcnow()
     grants = load_grants(s, account.id)
     available = available_now(grants, account, at)
     if amount_ucredits > available:

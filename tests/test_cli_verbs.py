@@ -223,12 +223,6 @@ TIME_DEFAULTED = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger/grants.py hashes the defaulted time (now) into the request body: "
-    "create_grant's body has effective_at=format_time(effective_at or at or now), consume's "
-    "at=format_time(at or now); the body must hold the times as given (None when omitted)",
-)
 @pytest.mark.parametrize("request_args", TIME_DEFAULTED, ids=[r[0] for r in TIME_DEFAULTED])
 def test_a_keyed_repeat_without_a_time_replays(gc, db_url, request_args) -> None:
     first = gc(*request_args, *KEY, "--format", "json")
@@ -579,12 +573,6 @@ def test_adjust_up_and_down_linked_to_the_entry_it_corrects(gc, db_url) -> None:
     assert gc("audit", "verify").output.startswith("ok: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger/api.py _adjust posts a negative adjustment of a charge without a hold as a "
-    "'refund' grant entry with no links_entry_id (create_grant takes no link): the journal "
-    "does not say what it corrects",
-)
 def test_a_refund_adjustment_without_a_hold_is_linked_in_the_journal(gc, db_url) -> None:
     consumed = json.loads(
         gc("consume", "physics", "2", "--at", "2026-12-06T01:00Z", "--format", "json").output
