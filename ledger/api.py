@@ -393,6 +393,7 @@ def reserve(
     partition: str | None = None,
     at: datetime | None = None,
     grace_seconds: int = _holds.DEFAULT_GRACE_SECONDS,
+    submitted_at: datetime | None = None,
     idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """`create_hold` as a dict; with a key, a repeat returns the hold as first created."""
@@ -407,6 +408,7 @@ def reserve(
         "partition": partition,
         "at": format_time(at),
         "grace_seconds": grace_seconds,
+        "submitted_at": format_time(submitted_at),
     }
     scope = lock_account(s, account).id
     return idempotency.once(
@@ -427,6 +429,7 @@ def reserve(
             partition=partition,
             at=at,
             grace_seconds=grace_seconds,
+            submitted_at=submitted_at,
         ).as_dict(),
     )
 
