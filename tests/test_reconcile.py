@@ -355,7 +355,7 @@ def test_a_new_job_with_an_old_id_is_reconciled_as_itself(ledger, factory) -> No
     # The old job's record read again (an overlapping window) changes neither job.
     again = reconcile(factory, [old, new])
     assert again.counts["unchanged"] == 2
-    assert counts(ledger) == before[:4] + (before[4] + 1,)
+    assert counts(ledger) == (*before[:4], before[4] + 1)
     assert_both_books_right(ledger, old_hold, new_hold)
 
 
@@ -376,7 +376,7 @@ def test_both_incarnations_in_one_sacct_read_each_match_their_own_hold(ledger, f
     ]
     assert stored_flags(ledger, 1, NEW_SUBMIT) == ""  # matched by submit time, not by start
     assert reconcile(factory, [old, new_as_sacct_numbers_it]).counts["unchanged"] == 2
-    assert counts(ledger) == before[:4] + (before[4] + 1,)
+    assert counts(ledger) == (*before[:4], before[4] + 1)
     assert_both_books_right(ledger, old_hold, new_hold)
 
 
@@ -393,7 +393,7 @@ def stored_flags(tx: Callable[[], Any], job_id: int, submitted_at: datetime) -> 
 
 def test_a_new_job_that_no_hook_saw_is_charged_as_itself(ledger, factory) -> None:
     """A hook outage for the new job 1: the old job's settled hold is not its hold."""
-    old, old_hold, new, _new_hold = old_job_1_then_new_job_1(ledger, factory)
+    _old, old_hold, _new, _new_hold = old_job_1_then_new_job_1(ledger, factory)
     outage = synthetic(1, submit=NEW_SUBMIT + timedelta(days=1), start=T + timedelta(days=2))
     summary = reconcile(factory, [outage])
     (charged,) = only(summary, "unreserved")
