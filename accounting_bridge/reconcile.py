@@ -248,7 +248,7 @@ def _rate(
         return hold.rate_ucredits_per_hour, ("gpus_from_hold",)
     unit_prices: dict[str, int] = {}
     for gpu_type in run.gpus:
-        unit = hold.unit_prices.get(gpu_type)
+        unit = hold.ucredits_per_gpu_hour.get(gpu_type)
         if unit is None:
             unit = price_of(gpu_type)
         if unit is None:

@@ -121,7 +121,7 @@ class StoredRun(NamedTuple):
 class HoldView(NamedTuple):
     """What reconciliation needs of a hold (a tuple: cheap to build by the 100,000).
 
-    `unit_prices` are the micro-credits per GPU-hour the run was sold at;
+    `ucredits_per_gpu_hour` are the prices, by GPU type, the run was sold at;
     `submitted_at` names the attempt (UNKNOWN_SUBMIT: a hold taken without one).
     """
 
@@ -130,7 +130,7 @@ class HoldView(NamedTuple):
     run: int
     submitted_at: datetime
     state: str
-    unit_prices: Mapping[str, int]
+    ucredits_per_gpu_hour: Mapping[str, int]
     rate_ucredits_per_hour: int
     charged_ucredits: int
 
