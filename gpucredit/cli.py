@@ -39,7 +39,7 @@ def _build() -> object:
     from accounting_bridge.cli import bridge
     from accounting_bridge.meter import meter_command
     from ledger.cli import COMMANDS, account_group
-    from slurm_hooks.slurm_cli import slurm
+    from slurm_hooks.admin.cli import slurm
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     def root() -> None:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from slurm_hooks import slurmconf
+from slurm_hooks.admin import slurmconf
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf" / "slurm"

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from accounting_bridge.slurmcmd import FakeResponse, FakeRunner, SlurmCommandError, SlurmCommandTimeout
-from gpucredit.daemon import MAX_REQUEST_BYTES, Daemon, top_up_hint
-from gpucredit.slurm_facts import SINFO_ARGV, SlurmFacts
+from gpucredit.daemon.server import MAX_REQUEST_BYTES, Daemon, top_up_hint
+from gpucredit.daemon.slurm_facts import SINFO_ARGV, SlurmFacts
 from ledger import api
 from ledger.config import load_config
 from ledger.db import make_engine, make_sessionmaker
+from slurm_hooks.admin.slurmconf import MAX_JOB_SUBMIT_TIMEOUT_SECONDS
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
-from slurm_hooks.slurmconf import MAX_JOB_SUBMIT_TIMEOUT_SECONDS
 from slurmtext import SlurmTextError
 from tests.fakedaemon import sockdir as sockdir
 

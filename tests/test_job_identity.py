@@ -3,7 +3,7 @@
 Slurm reuses job ids (a wiped StateSaveLocation, FirstJobId, the wrap at MaxJobId) and
 resets SubmitTime on every requeue, so the prolog names an attempt by
 (cluster, job_id, run, SubmitTime). These tests drive the daemon's hold and settle
-(slurm_hooks/service.py) on both stores, the way the hooks' requests reach them.
+(gpucredit/daemon/hook_service.py) on both stores, the way the hooks' requests reach them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
+from gpucredit.daemon import hook_service as service
 from ledger import api
 from ledger.errors import Conflict
 from ledger.journal import entries_t
-from slurm_hooks import service
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 OLD_SUBMIT, NEW_SUBMIT = "2026-12-02T09:59:50Z", "2026-12-03T08:00:00Z"

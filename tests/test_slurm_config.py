@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_hooks import slurmconf
+from slurm_hooks.admin import slurmconf
+from slurm_hooks.admin.cli import slurm
+from slurm_hooks.admin.slurmconf import DEFAULT_HOOK_DIR, HOOKS, install, shim_name, slurm_conf_lines
 from slurm_hooks.hooks import SETTINGS_VARIABLE, HookConfig, load_config
-from slurm_hooks.slurm_cli import slurm
-from slurm_hooks.slurmconf import DEFAULT_HOOK_DIR, HOOKS, install, shim_name, slurm_conf_lines
 from slurmbox import SlurmBox, parse_scontrol
 
 GPUCREDIT_KEYS = (

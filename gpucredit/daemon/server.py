@@ -10,7 +10,7 @@ retry after a timeout.
 
 No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slurmctld.
 What a request needs from Slurm (partitions and their GPU types) a background thread
-learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.slurm_facts);
+learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm_facts);
 only the release loop, itself in the background, runs scontrol.
 
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
@@ -32,13 +32,13 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
-from gpucredit.slurm_facts import SlurmFacts
+from gpucredit.daemon import hook_service as service
+from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
 from ledger.api import SnapshotKeeper
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
-from slurm_hooks import service
 
 log = logging.getLogger("gpucredit.daemon")
 MAX_REQUEST_BYTES = 64 * 1024

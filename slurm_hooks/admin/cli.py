@@ -13,7 +13,7 @@ import tomllib
 
 import click
 
-from slurm_hooks.slurmconf import (
+from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
     install,
