@@ -515,14 +515,15 @@ class _Hook:
                 return 0
             start, end, submit = job.start_time, job.end_time, job.submit_time
         now = self.now()
-        # EpilogSlurmctld sees COMPLETING with the real EndTime; never settle
-        # a run as ending in the future.
-        if end is None or end > now:
-            end = now
-        if start is not None and start > end:
-            # After `scontrol requeue` StartTime already names the next run: let the
-            # daemon use the start it recorded with the hold.
-            start = None
+        if end is not None and end > now and start is not None and start <= now:
+            # After `scontrol requeue`, StartTime is the requeue moment and EndTime that
+            # plus the time limit (docs/slurm-facts.md §11): the run ended at StartTime,
+            # which equals sacct's End but for a rare second the bridge corrects. The
+            # daemon measures from the start the prolog recorded with the hold.
+            end, start = start, None
+        elif end is None or end > now:
+            # Never settle a run as ending in the future; Slurm's times are whole seconds.
+            end = now.replace(microsecond=0)
         request = {
             "cluster": self.cluster,
             "job_id": self.job_id,

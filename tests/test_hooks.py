@@ -583,15 +583,29 @@ def test_epilog_slurmctld_settles_with_the_runs_real_times(
     ]
 
 
-@pytest.mark.parametrize("end", ["Unknown", "2026-12-02T11:00:00"])
+@pytest.mark.parametrize(
+    ("start", "end"), [("2026-12-02T10:00:01", "Unknown"), ("Unknown", "2026-12-02T11:00:00")]
+)
 def test_epilog_slurmctld_end_unknown_or_future_is_now(
-    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], end: str
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], start: str, end: str
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object(state="settled")))
-    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", end=end)})
+    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", start=start, end=end)})
     rc, _ = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert daemon.requests[0]["end"] == "2026-12-02T10:30:00Z"
+
+
+def test_epilog_slurmctld_after_a_requeue_ends_the_run_at_the_requeue(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    """docs/slurm-facts.md §11: StartTime is the requeue moment, EndTime that plus the limit;
+    the run ended at the requeue, and its start is the one the prolog recorded."""
+    daemon = fake_daemon(lambda _: ok(hold_object(state="settled")))
+    line = job_line(state="COMPLETING", restarts=1, start="2026-12-02T10:20:07", end="2026-12-02T10:35:07")
+    rc, _ = run_hook("epilog-slurmctld", ctld_env(config(), restart=1), FakeSlurm({show(5): line}))
+    assert rc == 0
+    assert (daemon.requests[0]["start"], daemon.requests[0]["end"]) == (None, "2026-12-02T10:20:07Z")
 
 
 def test_epilog_slurmctld_requeued_run_uses_its_restart_count(
