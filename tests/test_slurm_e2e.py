@@ -402,6 +402,29 @@ def test_requeue_holds_and_settles_each_run_once(cluster: Cluster, books: Books)
     assert all(h.charged_ucredits > 0 for h in holds)
 
 
+def test_a_new_job_with_an_old_jobs_id_is_held_settled_and_reconciled_as_itself(
+    cluster: Cluster, books: Books
+) -> None:
+    """`make slurm-down` + `make slurm-up` with the ledger kept: job ids restart at 1, so
+    the new job 1 reuses the id of a job the ledger already settled (here for another
+    account, so the old prolog refused it as "a different request" and held it for good).
+    It runs, is charged once as itself, and reconciling it leaves the old job alone."""
+    cluster.rebuild_box()
+    old_account = cluster.new_account("10")
+    old = cluster.run_job(old_account, "--gres=gpu:h100:1", "-t", "2", "--wrap", "sleep 3")
+    [old_hold] = books.check(old_account, {old: PRICES["h100"]})[old]
+    cluster.rebuild_box()
+    new_account = cluster.new_account("10")
+    new = cluster.run_job(new_account, "--gres=gpu:h100:1", "-t", "3", "--wrap", "sleep 2")
+    assert new == old  # the id really was reused
+    # It ran at its first start: no prolog refusal (a REQUEUED row) before the job ran.
+    assert [r["State"].split()[0] for r in sacct_runs(cluster.box, new, new_account)] == ["COMPLETED"]
+    [new_hold] = books.check(new_account, {new: PRICES["h100"]})[new]
+    assert new_hold.run == 0
+    assert new_hold.id != old_hold.id and new_hold.submitted_at > old_hold.submitted_at
+    assert cluster.holds(old, old_account) == [old_hold]  # untouched by the new job's records
+
+
 def test_prolog_refusal_holds_the_job_and_a_top_up_releases_it(cluster: Cluster, books: Books) -> None:
     account = cluster.new_account("0.06")  # one 1×h100 job of 1 min
     # Both are quoted while nothing is held, so job_submit accepts both; the
