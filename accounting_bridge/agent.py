@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -166,26 +168,35 @@ class Agent:
         self._sent.update(totals)  # only after the write committed
         return len(deltas)
 
-    def run(self, *, ticks: int | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Tick every interval (forever when `ticks` is None); failures are logged and retried."""
-        from sqlalchemy.exc import SQLAlchemyError
-
+    def run(self, *, ticks: int | None = None, stop: threading.Event | None = None) -> None:
+        """Tick every interval (forever when `ticks` is None) until `stop` is set, then once
+        more, so the GPU-seconds sampled since the last write are not lost; failures are
+        logged and retried."""
+        stop = stop or threading.Event()
         done = 0
         while ticks is None or done < ticks:
             started = self.monotonic()
-            try:
-                report = self.tick()
-            except SQLAlchemyError as exc:  # the ledger is down: totals stay in memory, sent later
-                log.error("agent %s: could not write gpu_usage: %s", self.node, exc)
-            except self.nvml.NVMLError as exc:  # driver trouble; the next tick samples again
-                log.error("agent %s: NVML: %s", self.node, exc)
-            else:
-                for problem in report.problems:
-                    log.warning("agent %s: %s", self.node, problem)
-                log.debug("agent %s tick: %s", self.node, report.as_dict())
+            self._logged_tick()
             done += 1
-            if ticks is None or done < ticks:
-                sleep(max(0.0, self.interval_seconds - (self.monotonic() - started)))
+            if ticks is not None and done >= ticks:
+                return
+            if stop.wait(max(0.0, self.interval_seconds - (self.monotonic() - started))):
+                self._logged_tick()
+                return
+
+    def _logged_tick(self) -> None:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            report = self.tick()
+        except SQLAlchemyError as exc:  # the ledger is down: totals stay in memory, sent later
+            log.error("agent %s: could not write gpu_usage: %s", self.node, exc)
+        except self.nvml.NVMLError as exc:  # driver trouble; the next tick samples again
+            log.error("agent %s: NVML: %s", self.node, exc)
+        else:
+            for problem in report.problems:
+                log.warning("agent %s: %s", self.node, problem)
+            log.debug("agent %s tick: %s", self.node, report.as_dict())
 
 
 def fake_nvml_from_spec(spec: str, node: str = "node") -> FakeNvml:
@@ -273,6 +284,10 @@ def agent_command(
             for problem in report.problems:
                 click.echo(f"warning: {problem}", err=True)
         else:
-            agent.run()
+            stop = threading.Event()
+            # systemd's stop (SIGTERM) and ^C: finish with a last write, shut NVML down.
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda _signum, _frame: stop.set())
+            agent.run(stop=stop)
     finally:
         nvml.nvmlShutdown()
