@@ -658,7 +658,7 @@ def test_agent_loop_writes_usage_rows_and_stops_cleanly_on_sigterm(agent_env, db
         assert "Traceback" not in err
         assert agent.returncode == 0, err
         (row,) = usage_rows(db_url)
-        assert row[5] >= seen[0][5] and 0 < row[6] <= row[5]
+        assert row[5] >= seen[0][5] and row[6] <= row[5]  # the last write kept what was sent
     finally:
         if agent.poll() is None:
             agent.kill()

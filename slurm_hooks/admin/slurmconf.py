@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import tempfile
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -200,6 +201,16 @@ def render_job_submit(source: str, config_path: str) -> str:
     return source
 
 
+def _newer_than_any_load(path: Path) -> None:
+    """slurmctld reloads job_submit.lua only when its mtime, in whole seconds, is later
+    than the time it last loaded it (docs/slurm-facts.md §12); a script written in the
+    same second as that load would be ignored until the next change. Dating it two
+    seconds ahead makes the next submission load it (and any within those two seconds
+    load it again, which is harmless)."""
+    stamp = max(time.time(), path.stat().st_mtime) + 2
+    os.utime(path, (stamp, stamp))
+
+
 def install(
     etc_dir: str,
     hook_dir: str,
@@ -232,5 +243,6 @@ def install(
         written.append(str(path))
     lua_target = etc / "job_submit.lua"
     _write_atomically(lua_target, render_job_submit(lua_source.read_text(), config_path).encode(), 0o644)
+    _newer_than_any_load(lua_target)
     written.append(str(lua_target))
     return written
