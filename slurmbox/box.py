@@ -344,8 +344,9 @@ class SlurmBox:
         resolved = self.resolved_hooks()
         if resolved == "gpucredit":
             exe = self.gpucredit_exe
-            real = slurmconf.PACKAGED_JOB_SUBMIT_LUA
-            lua = real if real.is_file() else PASSTHROUGH_LUA
+            lua = slurmconf.PACKAGED_JOB_SUBMIT_LUA
+            if not lua.is_file():  # never bill through a pass-through script by accident
+                raise BoxError(f"gpucredit's job_submit.lua is not at {lua}")
         else:
             exe, lua = "/bin/true", PASSTHROUGH_LUA
         slurmconf.install(ETC_DIR, self.hook_dir, exe, self.config_path, job_submit_lua=str(lua))

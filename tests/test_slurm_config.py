@@ -331,3 +331,10 @@ def test_prolog_hold_keeps_the_job_held_until_released(passthrough_box: SlurmBox
         box.scontrol("release", str(job_id))
         assert box.wait_state(job_id, "COMPLETED", timeout=60) == "COMPLETED"
     assert [row["State"] for row in box.sacct_rows(job_id)] == ["REQUEUED", "COMPLETED"]
+
+
+def test_install_ships_gpucredits_own_job_submit_lua() -> None:
+    """The script `slurm install` copies is the packaged one (a wrong path once made the box
+    fall back to the pass-through script, and every GPU job was accepted unquoted)."""
+    assert slurmconf.PACKAGED_JOB_SUBMIT_LUA.is_file()
+    assert "function slurm_job_submit" in slurmconf.PACKAGED_JOB_SUBMIT_LUA.read_text()

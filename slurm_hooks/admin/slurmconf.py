@@ -46,7 +46,7 @@ HOOKS: dict[str, str] = {
 
 # The real job_submit.lua, shipped as package data of `job_submit`
 # (a sibling package, both in a source checkout and once installed).
-PACKAGED_JOB_SUBMIT_LUA = Path(__file__).resolve().parent.parent / "job_submit" / "job_submit.lua"
+PACKAGED_JOB_SUBMIT_LUA = Path(__file__).resolve().parents[2] / "job_submit" / "job_submit.lua"
 
 # One shim per hook; the @name@ placeholders are filled by render_shim.
 _SHIM_TEMPLATE = """#!/bin/sh
