@@ -60,10 +60,10 @@ def test_runs_no_hook_saw_are_charged_once_by_the_bridge_and_flagged(cluster: Cl
     ):
         job = submit(cluster.box, "-A", account, "--gres=gpu:a100:2", "-t", "1", "--wrap", "sleep 2")
         cluster.box.wait_state(job, "COMPLETED", timeout=60)
-    assert cluster.holds(job) == []
+    assert cluster.holds(job, account) == []
     [row] = sacct_runs(cluster.box, job, account)
     _bridge(gc, since)
-    [hold] = cluster.holds(job)
+    [hold] = cluster.holds(job, account)
     expected = charge_for(2 * PRICES["a100"], int(row["ElapsedRaw"]))
     assert (hold.state, hold.charged_ucredits) == ("settled", expected)
     with cluster.tx() as s:
@@ -72,7 +72,7 @@ def test_runs_no_hook_saw_are_charged_once_by_the_bridge_and_flagged(cluster: Cl
     before = _journal_size(cluster)
     _bridge(gc, since)
     assert _journal_size(cluster) == before  # running the bridge again changes nothing
-    assert cluster.holds(job)[0].charged_ucredits == hold.charged_ucredits
+    assert cluster.holds(job, account)[0].charged_ucredits == hold.charged_ucredits
 
 
 def test_a_settle_that_differs_from_sacct_gets_one_linked_adjustment(cluster: Cluster, gc) -> None:
@@ -81,7 +81,7 @@ def test_a_settle_that_differs_from_sacct_gets_one_linked_adjustment(cluster: Cl
     with cluster.box.custom_hook("epilog-slurmctld", DISABLED):
         job = submit(cluster.box, "-A", account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 3")
         cluster.box.wait_state(job, "COMPLETED", timeout=60)
-    [hold] = cluster.holds(job)
+    [hold] = cluster.holds(job, account)
     gc("hold", "settle", str(hold.id), "--elapsed", "1")  # an epilog that got the time wrong
     [row] = sacct_runs(cluster.box, job, account)
     expected = charge_for(PRICES["h100"], int(row["ElapsedRaw"]))
@@ -111,7 +111,7 @@ def test_the_meter_charges_a_running_job_and_the_final_charge_is_sacct_s(
     for _ in range(2):
         time.sleep(3)
         gc("bridge", "meter", "--once")
-        [hold] = cluster.holds(job)
+        [hold] = cluster.holds(job, account)
         seen.append((hold.charged_seconds, hold.charged_ucredits))
     assert 0 < seen[0][1] < seen[1][1]  # the provisional charge grows
     assert seen[1][1] == charge_for(2 * PRICES["h100"], seen[1][0])
