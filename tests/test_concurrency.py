@@ -1,9 +1,10 @@
-"""Real concurrency on PostgreSQL: separate OS processes, separate connections.
+"""Real concurrency on both stores: separate OS processes, separate connections.
 
-8 processes race 2,000 hold requests against one account whose credit covers
-exactly K of them: exactly K are admitted, available credit never dips below zero
-at any point of the journal, and every entry's postings sum to zero. Racing
-top-ups that share one idempotency key create exactly one grant.
+8 processes race hold requests (2,000 on PostgreSQL, 600 on SQLite, whose writers
+queue on one lock) against one account whose credit covers exactly K of them:
+exactly K are admitted, available credit never dips below zero at any point of the
+journal, and every entry's postings sum to zero. Racing top-ups that share one
+idempotency key create exactly one grant. tests/test_races.py races the rest.
 """
 
 from __future__ import annotations
@@ -18,18 +19,23 @@ from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits
 
 PROCESSES = 8
-REQUESTS = 2000
-ADMITTED = 300  # K: the credit covers exactly this many holds
+# (requests, K): the credit covers exactly K of the requests
+SIZES = {"postgresql": (2000, 300), "sqlite": (600, 100)}
 HOLD_UCREDITS = 60_000  # 1×h100 for 60 s at 3.60/h = 0.06 credits
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
+
+
+def _sizes(url: str) -> tuple[int, int]:
+    return SIZES["postgresql" if url.startswith("postgresql") else "sqlite"]
 
 
 def _race_holds(url: str, worker: int, barrier, results) -> None:
     engine = make_engine(url, pool_size=1)
     factory = make_sessionmaker(engine)
     admitted = refused = 0
+    requests, _k = _sizes(url)
     barrier.wait()
-    for job_id in range(worker + 1, REQUESTS + 1, PROCESSES):
+    for job_id in range(worker + 1, requests + 1, PROCESSES):
         try:
             with factory() as s, s.begin():
                 api.create_hold(
@@ -53,14 +59,14 @@ def _race_topup(url: str, barrier, results) -> None:
     results.put(grant["grant"]["id"])
 
 
-def _setup(tx) -> None:
+def _setup(tx, admitted: int) -> None:
     with tx() as s:
         api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
         api.create_account(s, "physics")
         api.topup(
             s,
             "physics",
-            str(ADMITTED * HOLD_UCREDITS / 1_000_000),
+            str(admitted * HOLD_UCREDITS / 1_000_000),
             effective_at=datetime(2026, 11, 1, tzinfo=UTC),
         )
 
@@ -79,14 +85,15 @@ def _run(target, args_for) -> list:
     return out
 
 
-def test_racing_holds_admit_exactly_k(pg_url, tx_pg) -> None:
-    _setup(tx_pg)
-    outcomes = _run(_race_holds, lambda i: (pg_url, i))
-    assert sum(a for a, _ in outcomes) == ADMITTED
-    assert sum(a + r for a, r in outcomes) == REQUESTS
-    engine = make_engine(pg_url)
+def test_racing_holds_admit_exactly_k(db_url, tx) -> None:
+    requests, admitted = _sizes(db_url)
+    _setup(tx, admitted)
+    outcomes = _run(_race_holds, lambda i: (db_url, i))
+    assert sum(a for a, _ in outcomes) == admitted
+    assert sum(a + r for a, r in outcomes) == requests
+    engine = make_engine(db_url)
     with engine.connect() as c:
-        assert c.execute(text("SELECT COUNT(*) FROM holds WHERE state = 'active'")).scalar_one() == ADMITTED
+        assert c.execute(text("SELECT COUNT(*) FROM holds WHERE state = 'active'")).scalar_one() == admitted
         unbalanced = c.execute(
             text("SELECT entry_id FROM postings GROUP BY entry_id HAVING SUM(amount_ucredits) <> 0")
         ).all()
@@ -105,11 +112,11 @@ def test_racing_holds_admit_exactly_k(pg_url, tx_pg) -> None:
     engine.dispose()
 
 
-def test_racing_topups_with_one_key_make_one_grant(pg_url, tx_pg) -> None:
-    _setup(tx_pg)
-    ids = _run(_race_topup, lambda i: (pg_url,))
+def test_racing_topups_with_one_key_make_one_grant(db_url, tx) -> None:
+    _setup(tx, SIZES["sqlite"][1])
+    ids = _run(_race_topup, lambda i: (db_url,))
     assert len(set(ids)) == 1
-    engine = make_engine(pg_url)
+    engine = make_engine(db_url)
     with engine.connect() as c:
         assert (
             c.execute(text("SELECT COUNT(*) FROM grants WHERE amount_ucredits = 50000000")).scalar_one() == 1
