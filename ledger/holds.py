@@ -569,7 +569,7 @@ def _apply(
     save_grants(s, grants)
     _save_allocations(s, hold.id, allocations)
     values: dict[str, Any] = {
-        "charged_ucredits": target_ucredits - unplaced,
+        "charged_ucredits": target_ucredits,  # the unplaced part returns as a refund grant below
         "debt_ucredits": hold.debt_ucredits,
     }
     if seconds is not None:
