@@ -12,10 +12,13 @@ refusal or a replay posts nothing. Charges are effective at the scheduler's end 
 the run (in the past) or at the clock, so effective times move backwards and
 forwards; balances at past and future times are checked against the model's
 effective-time history. After every step the store's projections (each grant's
-remainder and earmark, the debt, each hold), its books (every entry sums to zero,
-revenue equals the model's charges) and `verify` must agree with the model.
+remainder and earmark, the debt, each hold) and its books (every entry sums to zero,
+revenue equals the model's charges) must agree with the model; the audit (`verify`)
+runs at the end of every run.
 
-Run with `--hypothesis-show-statistics` to see how often each path is reached.
+Run with `--hypothesis-show-statistics` to see how often each path is reached (the
+`event`s); a run starts with jobs running and a third start in debt, so settles,
+releases, expiries and debt are reached often.
 """
 
 from __future__ import annotations
@@ -408,12 +411,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.clock = START
         self.job_ids = itertools.count(1001)
         self.price_order = itertools.count()
-        self.paths: set[str] = set()
+        self.posted = 0  # entries the last attempt added
 
     def reached(self, path: str) -> None:
         """Count a path for --hypothesis-show-statistics."""
         event(path)
-        self.paths.add(path)
 
     def teardown(self) -> None:
         """The audit (hash chain, projections against the journal) once per run: a
@@ -441,10 +443,12 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self.entry_count()
         try:
             with self.tx() as s:
-                return operation(s), None
+                result = operation(s)
         except LedgerError as error:
             assert self.entry_count() == before, f"{error.code}: a refusal posted entries"
             return None, error
+        self.posted = self.entry_count() - before
+        return result, None
 
     def entry_count(self) -> int:
         with self.engine.connect() as c:
@@ -482,6 +486,7 @@ class LedgerMachine(RuleBasedStateMachine):
             }
         ),
         opening=st.integers(10_000_000, 40_000_000),
+        promotion=st.integers(0, 10_000_000),
         # An odd price makes some charges land on exactly half a micro-credit.
         a100=st.sampled_from([2_000_000, 2_000_001]),
         h100=st.sampled_from([3_600_000, 3_600_001]),
@@ -496,14 +501,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self,
         caps: dict[str, dict[str, int | None] | None],
         opening: int,
+        promotion: int,
         a100: int,
         h100: int,
         in_debt: bool,
         pending: int,
         running: list[tuple[str, str, int]],
     ) -> None:
-        """Prices, one account with its first top-up, a few jobs running, maybe a debt,
-        then the caps.
+        """Prices, one account with its first top-up and maybe a 15-minute promotion, a
+        few jobs running (their earmarks on the promotion outlive it), maybe a debt, then
+        the caps.
 
         A third of the runs start in debt, from a run that went an hour past its 10-minute hold
         when everything else had been spent, with a top-up that comes into effect a second
@@ -515,6 +522,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 api.set_price(s, gres, credits(per_hour), effective_at=PRICE_FROM)
                 self.model.prices.append((PRICE_FROM, next(self.price_order), gres, per_hour))
         self.add_credit("topup", opening, 0, None, 10, 0)
+        if promotion:
+            self.add_credit("grant", promotion, 0, 900, 10, 0)
         for user, spec, seconds in running:
             self.hold(user, spec, seconds, 0, 0)
         if in_debt:
@@ -694,6 +703,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if same:
             assert error is None, error
             assert (hold.id, hold.state, hold.charged_ucredits) == (h.id, h.state, h.charged)
+            assert self.posted == 0
             self.reached("hold: repeat returned the first hold")
         else:
             self.expect_refusal(error, Refused("idempotency_conflict"))
@@ -741,13 +751,14 @@ class LedgerMachine(RuleBasedStateMachine):
         if h.state != "active":
             if final and h.state == "settled" and elapsed == h.charged_seconds:
                 assert error is None, error
-                assert (result.state, result.charged_ucredits) == ("settled", h.charged)
+                assert (result.state, result.charged_ucredits, self.posted) == ("settled", h.charged, 0)
                 self.reached("settle: repeat returned the settled hold")
             else:
                 self.expect_refusal(error, Refused("hold_resolved"))
             return
         assert error is None, f"{name} of active hold {h.id}: {error.code} {error.message}"
         if not final and elapsed <= h.charged_seconds:
+            assert self.posted == 0
             self.reached("usage: no further seconds, nothing charged")
             return
         for note in self.model.recharge(h, elapsed, effective):
@@ -771,6 +782,7 @@ class LedgerMachine(RuleBasedStateMachine):
         result, error = self.attempt(lambda s: api.release_hold(s, h.id, at))
         if h.state == "released":
             assert error is None, error
+            assert (result.state, self.posted) == ("released", 0)
             self.reached("release: repeat returned the released hold")
         elif h.state != "active":
             self.expect_refusal(error, Refused("hold_resolved"))
