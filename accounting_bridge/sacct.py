@@ -234,6 +234,8 @@ class SqueueJob:
     array_task_id: int | None = None
     het_job_id: int | None = None
     het_offset: int | None = None
+    # Site marks set by admins (users cannot edit them); gpucredit marks jobs it held for credit.
+    admin_comment: str = ""
     line_no: int | None = field(default=None, compare=False)
 
     @property
@@ -734,5 +736,6 @@ def _squeue_job(job: Any, position: int) -> SqueueJob:
         name=_json_str(_opt(job, "name"), "name"),
         gpu_indices=gpu_indices,
         line_no=position,
+        admin_comment=_json_str(_opt(job, "admin_comment"), "admin_comment"),
         **ids,
     )

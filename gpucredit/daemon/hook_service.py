@@ -7,13 +7,13 @@ Runs inside `gpucredit daemon` (which owns the database), never in a hook proces
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from accounting_bridge.sacct import parse_squeue_json
 from ledger import api
 from ledger.errors import InvalidInput, NotFound
 from ledger.timeutil import parse_time, utcnow
@@ -91,22 +91,32 @@ def _time(value: Any) -> datetime | None:
 
 
 def credit_held_jobs(run: Runner) -> set[int]:
-    """Pending jobs that the prolog held for credit (marked in AdminComment, which
-    users cannot edit). A full `scontrol show job` scan: the daemon runs it rarely and
-    tracks the jobs it refuses itself in between."""
-    held = set()
-    for line in run(["scontrol", "-o", "show", "job"]).splitlines():
-        if f"AdminComment={HOLD_ADMIN_COMMENT}" in line and "JobState=PENDING" in line:
-            match = re.match(r"JobId=(\d+)", line)
-            if match:
-                held.add(int(match.group(1)))
-    return held
+    """Pending jobs that the prolog held for credit, marked in AdminComment (users cannot
+    edit it).
+
+    Read from `squeue --json`, where the mark is a field of its own: in scontrol's
+    one-line text a user can write ` AdminComment=gpucredit-hold` into a job name, a work
+    directory or a comment, and when the job has no real AdminComment the text cannot
+    tell (docs/slurm-facts.md §13). A full dump of every job: the daemon runs it rarely.
+    """
+    result = parse_squeue_json(run(["squeue", "--json"]))
+    for error in result.errors:
+        log.warning("squeue --json: %s", error)
+    return {
+        job.job_id
+        for job in result.jobs
+        if job.state == "PENDING" and job.admin_comment == HOLD_ADMIN_COMMENT
+    }
 
 
-def release_if_affordable(session_factory: Callable[[], Any], run: Runner, job_id: int) -> str:
+def release_if_affordable(
+    session_factory: Callable[[], Any], run: Runner, job_id: int, marked: Callable[[], set[int]]
+) -> str:
     """Release one credit-held job if its account can pay now.
 
-    Returns 'released', 'waiting' (still held), or 'gone' (no longer held by us).
+    `marked()` returns the jobs `credit_held_jobs` finds held by us; it is asked only
+    for a job that would be released (callers cache it per round, as it dumps every
+    job). Returns 'released', 'waiting' (still held), or 'gone' (no longer held by us).
     The runner's errors propagate: the caller decides how to retry.
     """
     try:
@@ -114,6 +124,7 @@ def release_if_affordable(session_factory: Callable[[], Any], run: Runner, job_i
     except ScontrolParseError as error:
         log.warning("job %s: cannot read it (%s)", job_id, error)
         return "gone"
+    # The text's AdminComment is only a cheap first filter (see credit_held_jobs).
     if job.state != "PENDING" or job.fields.get("AdminComment") != HOLD_ADMIN_COMMENT:
         return "gone"
     if not job.gpus or job.account is None or job.time_limit_seconds is None:
@@ -126,6 +137,9 @@ def release_if_affordable(session_factory: Callable[[], Any], run: Runner, job_i
         return "waiting"
     if not quote["affordable"]:
         return "waiting"
+    if job_id not in marked():
+        log.warning("job %s: its scontrol text names our hold, but squeue does not; left alone", job_id)
+        return "gone"
     array_id, task_id = job.fields.get("ArrayJobId"), job.fields.get("ArrayTaskId")
     spec = f"{array_id}_{task_id}" if array_id and task_id else str(job_id)
     run(["scontrol", "update", f"jobid={spec}", "comment=", "admincomment="])

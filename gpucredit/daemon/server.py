@@ -164,9 +164,16 @@ class Daemon:
         with self._lock:
             pending = sorted(self.credit_held)
         released = []
+        marked: list[set[int]] = []  # this round's squeue --json, read once and only if needed
+
+        def marked_jobs() -> set[int]:
+            if not marked:
+                marked.append(service.credit_held_jobs(self.run))
+            return marked[0]
+
         for job_id in pending:
             try:
-                outcome = service.release_if_affordable(self.sessions, self.run, job_id)
+                outcome = service.release_if_affordable(self.sessions, self.run, job_id, marked_jobs)
             except (SlurmCommandError, OperationalError) as error:
                 log.warning("job %s: release check failed: %s", job_id, error)
                 continue
