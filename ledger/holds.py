@@ -158,19 +158,23 @@ def find_job_holds(s: Session, cluster: str, job_id: int) -> list[HoldState]:
     return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id.desc()).limit(1000))]
 
 
-def find_active_hold(s: Session, cluster: str, job_id: int) -> HoldState | None:
+def find_active_hold(
+    s: Session, cluster: str, job_id: int, submitted_at: datetime | None = None
+) -> HoldState | None:
     """The job's active hold, whatever its run (a job runs once at a time).
 
-    Two are active only when an old job with this id lost its epilog and a new job
-    reused the id before the old hold expired: the newest is the running job's (the
-    old one expires on its own).
+    With `submitted_at` (the epilog's SubmitTime, which is still the ending run's own,
+    requeue included: docs/slurm-facts.md §11), only the hold of that attempt, or a hold
+    taken without a submit time, qualifies: an old job with this id that lost its epilog
+    may still hold credit, and a new job without a hold of its own (refused, or run under
+    policy accept) must not settle it. Without one, the newest active hold.
     """
-    row = s.execute(
-        _hold_query()
-        .where(holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == "active")
-        .order_by(holds_t.c.id.desc())
-        .limit(1)
-    ).first()
+    query = _hold_query().where(
+        holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == "active"
+    )
+    if submitted_at is not None:
+        query = query.where(holds_t.c.submitted_at.in_([_submit_time(submitted_at), UNKNOWN_SUBMIT]))
+    row = s.execute(query.order_by(holds_t.c.id.desc()).limit(1)).first()
     return None if row is None else _to_state(row)
 
 

@@ -56,7 +56,8 @@ Timestamp = Annotated[datetime, mapped_column(UTCDateTime())]
 # The submit time of a job attempt whose caller did not know it (the CLI, the HTTP API,
 # rows written before migration 0004): such attempts are told apart by run alone.
 UNKNOWN_SUBMIT = datetime(1970, 1, 1, tzinfo=UTC)
-_UNKNOWN_SUBMIT_SQL = text("'1970-01-01 00:00:00'")
+# Spelt as SQLAlchemy binds datetimes on SQLite, which compares them as text.
+_UNKNOWN_SUBMIT_SQL = text("'1970-01-01 00:00:00.000000'")
 Name = Annotated[str, mapped_column(String(128))]
 
 NAMING = {

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from gpucredit.daemon import hook_service as service
 from ledger import api
-from ledger.errors import Conflict
+from ledger.errors import Conflict, NotFound
 from ledger.journal import entries_t
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -108,14 +108,30 @@ def test_an_old_jobs_stale_active_hold_is_not_settled_for_the_new_job(ledger) ->
         assert api.get_hold(s, old["id"]).state == "active"
 
 
-def test_the_epilog_after_a_requeue_settles_the_running_attempt(ledger) -> None:
-    """After `scontrol requeue` the epilog sees the next run's SubmitTime (reset at the
-    requeue): no hold has it, so the job's one active hold is settled."""
+def test_a_new_job_without_a_hold_never_settles_an_old_jobs_stale_hold(ledger) -> None:
+    """The old job 1 lost its epilog; the new job 1 ran with no hold of its own (refused,
+    or admitted under policy accept). Its epilog finds nothing to settle: the old hold is
+    left for the sweep, and the bridge charges the new run from sacct."""
+    with ledger() as s:
+        old = service.hold(s, hold_request(OLD_SUBMIT, start="2026-12-02T10:00:00Z"), grace_seconds=600)
+    with ledger() as s, pytest.raises(NotFound):
+        service.settle(s, settle_request(NEW_SUBMIT, end="2026-12-02T10:30:00Z"))
+    with ledger() as s:
+        stale = api.get_hold(s, old["id"])
+        assert (stale.state, stale.charged_ucredits) == ("active", 0)
+
+
+def test_the_epilog_after_a_requeue_settles_the_running_attempt_and_replays(ledger) -> None:
+    """After `scontrol requeue` the epilog names the next run but still the ending run's
+    SubmitTime (docs/slurm-facts.md §11); a repeat of it replays the settle."""
     with ledger() as s:
         first = service.hold(s, hold_request(NEW_SUBMIT, start="2026-12-03T08:00:05Z"), grace_seconds=600)
+    request = settle_request(NEW_SUBMIT, end="2026-12-03T08:05:05Z", run=1)
     with ledger() as s:
-        settled = service.settle(s, settle_request("2026-12-03T08:05:05Z", end="2026-12-03T08:05:05Z", run=1))
+        settled = service.settle(s, request)
     assert (settled["id"], settled["charged"]) == (first["id"], "0.30")
+    with ledger() as s:
+        assert service.settle(s, request) == settled
 
 
 def test_holds_without_a_submit_time_keep_the_run_as_their_identity(ledger) -> None:

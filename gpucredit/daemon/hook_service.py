@@ -63,7 +63,7 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
     """
     cluster, job_id, run = str(request["cluster"]), int(request["job_id"]), int(request.get("run", 0))
     submitted_at = _time(request.get("submit"))
-    found = api.find_active_hold(s, cluster, job_id)
+    found = api.find_active_hold(s, cluster, job_id, submitted_at)
     found = found or _resolved_attempt(s, cluster, job_id, run, submitted_at)
     if found is None:
         raise NotFound(f"no hold for job {cluster}/{job_id} run {run}", details={"job_id": job_id})
@@ -79,11 +79,13 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
 def _resolved_attempt(
     s: Session, cluster: str, job_id: int, run: int, submitted_at: datetime | None
 ) -> api.HoldState | None:
-    """The hold a repeated epilog replays: its own attempt's, never an older job's with the
-    same id; without a submit time (an old client), the newest hold of that run."""
+    """The hold a repeated epilog replays: its own attempt's (the epilog of a requeued run
+    names the next run but still its own SubmitTime), never an older job's with the same
+    id; without a submit time (an old client), the newest hold of that run."""
+    holds = api.find_job_holds(s, cluster, job_id)
     if submitted_at is not None:
-        return api.find_hold(s, cluster, job_id, run, submitted_at)
-    return next((h for h in api.find_job_holds(s, cluster, job_id) if h.run == run), None)
+        return next((h for h in holds if h.submitted_at == submitted_at.replace(microsecond=0)), None)
+    return next((h for h in holds if h.run == run), None)
 
 
 def _time(value: Any) -> datetime | None:

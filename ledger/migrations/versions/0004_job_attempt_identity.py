@@ -20,7 +20,9 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-UNKNOWN_SUBMIT_SQL = sa.text("'1970-01-01 00:00:00'")
+# Spelt as SQLAlchemy binds datetimes on SQLite, which compares them as text: a
+# migrated row must match UNKNOWN_SUBMIT in the ledger's queries.
+UNKNOWN_SUBMIT_SQL = sa.text("'1970-01-01 00:00:00.000000'")
 
 
 @contextmanager
