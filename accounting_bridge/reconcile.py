@@ -389,7 +389,7 @@ def _pick_hold(
     tolerance_seconds: int,
 ) -> HoldView | None:
     """The run's hold: the one taken for this attempt; else a hold without a submit time
-    that no other attempt's row owns, by run index, else one that started with the run.
+    that no other attempt's row owns and that started with the run (its run index first).
 
     The hooks number runs by SLURM_JOB_RESTART_COUNT and sacct's index comes from
     ordering attempts; they agree unless sacct lost an attempt. Then a hold taken
@@ -404,19 +404,21 @@ def _pick_hold(
         return own
     claimed_ids, other_runs = claims()
     free = [hold for hold in legacy if hold.id not in claimed_ids]
-    for hold in free:
-        if hold.run == run.run:
-            return hold
-    if run.start is None:
-        return None
-    candidates = [hold for hold in free if hold.run not in other_runs]
+    if run.start is None:  # cancelled while pending: at most its hold is released
+        return next((hold for hold in free if hold.run == run.run), None)
+    # Even with the same run index a hold must have started with the run: a later job
+    # that reuses the id has its own run 0, and a legacy hold knows no submit time.
+    candidates = [hold for hold in free if hold.run == run.run or hold.run not in other_runs]
     if not candidates:
         return None
     started = starts([hold.id for hold in candidates])
     tolerance = timedelta(seconds=tolerance_seconds)
-    near = [(abs(started[hold.id] - run.start), hold.id, hold) for hold in candidates]
-    near = [candidate for candidate in near if candidate[0] <= tolerance]
-    return min(near)[2] if near else None
+    near = [
+        (abs(started[hold.id] - run.start), hold.run != run.run, hold.id, hold)
+        for hold in candidates
+        if abs(started[hold.id] - run.start) <= tolerance
+    ]
+    return min(near)[3] if near else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -405,6 +405,21 @@ def test_a_new_job_that_no_hook_saw_is_charged_as_itself(ledger, factory) -> Non
     verify_ok(ledger)
 
 
+def test_a_hold_without_a_submit_time_is_not_taken_by_a_later_job_with_its_id(ledger, factory) -> None:
+    """A hold from before migration 0004 (or the CLI) knows no submit time. A later job
+    that reuses its id, run 0 too, and that no hook saw is charged as itself: the old
+    hold started a day earlier, so it is not this run's, though the run index agrees."""
+    old = synthetic(1, submit=OLD_SUBMIT, start=T, elapsed_seconds=1800, gpus={"h100": 2})
+    old_hold = hold_for(ledger, old, "h100:2", settle_seconds=1800)  # no submit time
+    outage = synthetic(1, submit=NEW_SUBMIT, start=NEW_SUBMIT + timedelta(seconds=5))
+    summary = reconcile(factory, [outage])
+    (charged,) = only(summary, "unreserved")
+    assert (charged.change_ucredits, summary.counts["adjusted"]) == (333_333, 0)
+    with ledger() as s:
+        assert api.get_hold(s, old_hold.id).charged_ucredits == 3_600_000
+    verify_ok(ledger)
+
+
 def test_a_row_stored_before_attempts_had_submit_times_is_adopted_not_doubled(ledger, factory) -> None:
     """Rows from before migration 0004 have no submit time: the same attempt read again
     (same run index and start) updates that row instead of adding a twin, and moves no money."""
