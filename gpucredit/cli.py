@@ -39,6 +39,7 @@ def _build() -> object:
     from accounting_bridge.cli import bridge
     from accounting_bridge.meter import meter_command
     from ledger.cli import COMMANDS, account_group
+    from portal.cli import COMMANDS as PORTAL_COMMANDS
     from slurm_hooks.admin.cli import slurm
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,7 +48,7 @@ def _build() -> object:
 
     account_group.add_command(import_slurm_command)
     bridge.add_command(meter_command)
-    for command in [*COMMANDS, slurm, bridge, agent_command, _daemon_command()]:
+    for command in [*COMMANDS, *PORTAL_COMMANDS, slurm, bridge, agent_command, _daemon_command()]:
         root.add_command(command)  # type: ignore[arg-type]
     return root
 

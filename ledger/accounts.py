@@ -106,14 +106,18 @@ def account_names(s: Session) -> list[str]:
     )
 
 
-def add_member(s: Session, user: str, account: str) -> dict[str, Any]:
+def add_member(s: Session, user: str, account: str, role: str = "member") -> dict[str, Any]:
+    """Add `user` to `account`, or change their role there."""
     check_name(user, "user")
+    if role not in ("member", "manager"):
+        raise InvalidInput("role must be member or manager", code="invalid_role", details={"value": role})
     acct = lock_account(s, account)
-    if not s.execute(
-        select(members_t.c.id).where(members_t.c.account_id == acct.id, members_t.c.user == user)
-    ).first():
-        s.execute(insert(members_t).values(account_id=acct.id, user=user, created_at=utcnow()))
-    return {"account": account, "user": user}
+    where = (members_t.c.account_id == acct.id, members_t.c.user == user)
+    if s.execute(select(members_t.c.id).where(*where)).first():
+        s.execute(update(members_t).where(*where).values(role=role))
+    else:
+        s.execute(insert(members_t).values(account_id=acct.id, user=user, created_at=utcnow(), role=role))
+    return {"account": account, "user": user, "role": role}
 
 
 def members(s: Session, account_id: int) -> list[str]:

@@ -25,6 +25,7 @@ from ledger import accounts as _accounts
 from ledger import grants as _grants
 from ledger import holds as _holds
 from ledger import idempotency
+from ledger import payments as _payments
 from ledger.accounts import (
     account_names,
     check_name,
@@ -54,10 +55,29 @@ from ledger.holds import (
     release_hold,
     settle_hold,
 )
+from ledger.identity import (
+    TokenInfo,
+    authenticate_token,
+    create_token,
+    list_tokens,
+    member_roles,
+    portal_user,
+    revoke_token,
+    roles_of,
+    set_portal_user,
+)
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
 from ledger.limits import CapOverrun, daily_cap_overruns
 from ledger.models import UNKNOWN_SUBMIT
 from ledger.money import charge_for, format_credits, parse_credits
+from ledger.payments import (
+    cancel_payment,
+    find_payment,
+    get_payment,
+    list_payments,
+    mark_paid,
+    set_external_id,
+)
 from ledger.prices import (
     PriceTable,
     format_gpus,
@@ -81,6 +101,7 @@ __all__ = [
     "PriceTable",
     "Snapshot",
     "SnapshotKeeper",
+    "TokenInfo",
     "UsageDelta",
     "account_names",
     "account_summary",
@@ -88,12 +109,15 @@ __all__ = [
     "add_member",
     "adjust",
     "adjust_hold",
+    "authenticate_token",
     "balance",
+    "cancel_payment",
     "charge_for",
     "charge_usage",
     "consume",
     "create_account",
     "create_hold",
+    "create_token",
     "daily_cap_overruns",
     "ensure_account",
     "entries_t",
@@ -101,22 +125,34 @@ __all__ = [
     "find_active_hold",
     "find_hold",
     "find_job_holds",
+    "find_payment",
     "get_hold",
+    "get_payment",
     "grant",
     "hold_usage",
     "hold_usage_many",
     "list_active_runs",
     "list_holds",
+    "list_payments",
     "list_prices",
+    "list_tokens",
     "load_price_table",
+    "mark_paid",
+    "member_roles",
     "members",
+    "open_payment",
+    "portal_user",
     "quote",
     "rate_of",
     "record_unreserved_run",
     "release",
     "release_hold",
     "reserve",
+    "revoke_token",
+    "roles_of",
+    "set_external_id",
     "set_limits",
+    "set_portal_user",
     "set_price",
     "settle",
     "settle_hold",
@@ -131,6 +167,26 @@ __all__ = [
 def members(s: Session, account: str) -> list[str]:
     """The users who may charge `account`, by name."""
     return _accounts.members(s, _accounts.read_account(s, account).id)
+
+
+def open_payment(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    provider: str,
+    requested_by: str,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Credit bought but not yet paid (not spendable): `mark_paid` turns it into a top-up."""
+    return _payments.open_payment(
+        s,
+        account,
+        parse_credits(amount),
+        provider=provider,
+        requested_by=requested_by,
+        idempotency_key=idempotency_key,
+    )
 
 
 def topup(
@@ -337,11 +393,15 @@ def create_account(
     )
 
 
-def add_member(s: Session, user: str, account: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+def add_member(
+    s: Session, user: str, account: str, *, role: str = "member", idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """Let `user` charge `account`; a `manager` (PI) also manages its members, limits and top-ups."""
     check_name(user, "user")
     scope = lock_account(s, account).id
+    body = {"user": user} if role == "member" else {"user": user, "role": role}
     return idempotency.once(
-        s, scope, idempotency_key, "user_add", {"user": user}, lambda: _accounts.add_member(s, user, account)
+        s, scope, idempotency_key, "user_add", body, lambda: _accounts.add_member(s, user, account, role)
     )
 
 

@@ -117,14 +117,22 @@ def user_group() -> None:
 @user_group.command("add")
 @click.argument("user")
 @click.argument("account")
+@click.option(
+    "--role",
+    type=click.Choice(["member", "manager"]),
+    default="member",
+    show_default=True,
+    help="manager: a PI, who manages the account's members, limits and top-ups in the portal.",
+)
 @key_option
 @ledger_command
-def user_add(user: str, account: str, idempotency_key: str | None) -> None:
+def user_add(user: str, account: str, role: str, idempotency_key: str | None) -> None:
+    """Let USER charge ACCOUNT (again: change their role)."""
     from ledger import api
 
     with transaction() as s:
-        api.add_member(s, user, account, idempotency_key=idempotency_key)
-    click.echo(f"user {user} added to {account}")
+        api.add_member(s, user, account, role=role, idempotency_key=idempotency_key)
+    click.echo(f"user {user} added to {account}" + (" as manager" if role == "manager" else ""))
 
 
 @click.group("price")

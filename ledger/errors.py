@@ -1,7 +1,7 @@
 """Expected failures of the ledger: domain exceptions with stable codes.
 
     LedgerError                      code, message, details, http_status
-    ├── InvalidInput         400     invalid_amount, invalid_time, invalid_duration,
+    ├── InvalidInput         422     invalid_amount, invalid_time, invalid_duration,
     │                                invalid_gpus, unknown_gres, invalid_limit, ...
     ├── NotFound             404     not_found
     ├── Conflict             409     already_exists, hold_resolved
@@ -38,7 +38,7 @@ class LedgerError(Exception):
 
 class InvalidInput(LedgerError):
     code = "invalid_input"
-    http_status = 400
+    http_status = 422  # well-formed request, values the ledger cannot take
 
 
 class NotFound(LedgerError):

@@ -16,6 +16,7 @@ from typing import Annotated, cast
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -92,15 +93,19 @@ class Account(Base):
 
 
 class Member(Base):
-    """A Slurm user allowed to charge an account."""
+    """A Slurm user allowed to charge an account; a `manager` (PI) also manages it."""
 
     __tablename__ = "members"
-    __table_args__ = (UniqueConstraint("account_id", "user"),)
+    __table_args__ = (
+        UniqueConstraint("account_id", "user"),
+        CheckConstraint("role IN ('member', 'manager')", name="role"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
     user: Mapped[Name]
     created_at: Mapped[Timestamp]
+    role: Mapped[str] = mapped_column(String(16), server_default=text("'member'"))
 
 
 class Limit(Base):
@@ -358,3 +363,72 @@ class GpuUsage(Base):
 def table_of(model: type[Base]) -> Table:
     """The Core table behind a mapped class, typed as a Table for Core statements."""
     return cast(Table, model.__table__)
+
+
+class PortalUser(Base):
+    """A person who logs in to the portal: a Slurm user name, an argon2 hash (local
+    logins; NULL behind single sign-on) and whether they administer the whole site."""
+
+    __tablename__ = "portal_users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[Name] = mapped_column(unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[Timestamp]
+    updated_at: Mapped[Timestamp]
+
+
+class ApiToken(Base):
+    """An API token, stored as the SHA-256 of its secret (the secret is shown once)."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (CheckConstraint("role IN ('user', 'admin', 'service')", name="role"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user: Mapped[Name]
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    created_at: Mapped[Timestamp]
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Payment(Base):
+    """Credit bought but not yet spendable: an invoice or a checkout session. Paying it
+    creates the top-up grant, in the same transaction that marks it paid."""
+
+    __tablename__ = "payments"
+    __table_args__ = (
+        CheckConstraint("amount_ucredits > 0", name="amount"),
+        CheckConstraint("state IN ('pending', 'paid', 'cancelled')", name="state"),
+        UniqueConstraint("provider", "external_id"),
+        Index(None, "account_id", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    amount_ucredits: Mapped[Ucredits]
+    provider: Mapped[str] = mapped_column(String(16))
+    external_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    requested_by: Mapped[Name]
+    created_at: Mapped[Timestamp]
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    grant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class PaymentEvent(Base):
+    """A payment provider's event, once: its unique id is written in the transaction
+    that acts on it, so a replayed or concurrent duplicate credits nothing."""
+
+    __tablename__ = "payment_events"
+    __table_args__ = (UniqueConstraint("provider", "event_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    event_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(64))
+    payment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    received_at: Mapped[Timestamp]

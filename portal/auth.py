@@ -1,0 +1,264 @@
+"""Who is asking, and what they may see.
+
+Three ways in, one `Principal`:
+- a browser session after a local login (argon2 hash in `portal_users`);
+- single sign-on: a reverse proxy (Open OnDemand, mod_auth_openidc) puts the user
+  name in `portal.sso_header`; it is honoured only when the request comes from one
+  of `portal.trusted_proxies`, so nobody else can claim a name by sending the header;
+- an API token, `Authorization: Bearer gpc_...` (stored hashed, with a role and an
+  expiry; `gpucredit token create`).
+
+Roles: a user sees the accounts they are a member of, and manages those where they
+are `manager` (a PI); an admin sees and manages everything; a service token (hooks,
+bridge) may reserve, charge and settle holds and quote, and reads no one's reports.
+An account the principal may not see answers exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from sqlalchemy.orm import Session
+
+from ledger import api
+from ledger.errors import LedgerError, NotFound
+from portal.security import limiter, login_key, login_limit
+from portal.settings import portal_settings
+from portal.store import transaction
+
+log = logging.getLogger("gpucredit.portal.auth")
+F = TypeVar("F", bound=Callable[..., Any])
+bp = Blueprint("auth", __name__)
+hasher = PasswordHasher()
+# Verified when a login names no known user, so that case costs the same time.
+_DUMMY_HASH = hasher.hash("gpucredit: no such user")
+
+
+class Forbidden(LedgerError):
+    """The principal may see this account but not do this to it."""
+
+    code = "forbidden"
+    http_status = 403
+
+
+class Unauthenticated(LedgerError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: str
+    role: str  # "user" | "admin" | "service"
+    via: str  # "session" | "header" | "token"
+    token_id: int | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def is_service(self) -> bool:
+        return self.role == "service"
+
+    @property
+    def rate_key(self) -> str:
+        """Who a rate limit counts: the token, else the user."""
+        return f"token:{self.token_id}" if self.token_id is not None else f"user:{self.user}"
+
+
+def init_app(app: Flask) -> None:
+    app.register_blueprint(bp)
+    app.before_request(_load_principal)
+    app.context_processor(lambda: {"principal": g.get("principal")})
+
+
+def hash_password(password: str) -> str:
+    return hasher.hash(password)
+
+
+# --- who is asking ---------------------------------------------------------------
+
+
+def _load_principal() -> None:
+    g.principal = None
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        with transaction() as s:
+            token = api.authenticate_token(s, header.removeprefix("Bearer ").strip())
+        if token is not None:
+            g.principal = Principal(token.user, token.role, "token", token.id)
+        else:
+            g.auth_error = "invalid, expired or revoked token"
+        return
+    settings = portal_settings_now()
+    if settings["auth"] == "header" and _from_trusted_proxy(settings):
+        name = request.headers.get(settings["sso_header"], "").strip()
+        if name:
+            g.principal = _principal_for(name, "header")
+            return
+    name = session.get("user")
+    if name:
+        g.principal = _principal_for(name, "session")
+
+
+def portal_settings_now() -> dict[str, Any]:
+    from flask import current_app
+
+    return portal_settings(current_app)
+
+
+def _from_trusted_proxy(settings: dict[str, Any]) -> bool:
+    try:
+        peer = ipaddress.ip_address(request.remote_addr or "")
+    except ValueError:
+        return False
+    for proxy in settings["trusted_proxies"]:
+        try:
+            if peer in ipaddress.ip_network(proxy, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _principal_for(name: str, via: str) -> Principal:
+    with transaction() as s:
+        user = api.portal_user(s, name)
+    return Principal(name, "admin" if user and user["is_admin"] else "user", via)
+
+
+def current() -> Principal | None:
+    return g.get("principal")
+
+
+def principal() -> Principal:
+    """The principal of this request; 401 (API) or a login redirect (pages) when none."""
+    who = current()
+    if who is None:
+        raise Unauthenticated(g.get("auth_error") or "log in or send an API token")
+    return who
+
+
+def login_required(view: F) -> F:
+    @wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if current() is None:
+            return redirect(url_for("auth.login", next=request.full_path))
+        if current().is_service:  # type: ignore[union-attr]
+            abort(403)
+        return view(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- what they may see -------------------------------------------------------------
+
+
+def accounts_of(s: Session, who: Principal) -> dict[str, str]:
+    """The accounts `who` may see, with their role there: admin, manager or member."""
+    if who.is_admin:
+        return {name: "admin" for name in api.account_names(s)}
+    if who.is_service:
+        return {}
+    return api.roles_of(s, who.user)
+
+
+def require_account(s: Session, who: Principal, account: str, *, manage: bool = False) -> str:
+    """The principal's role in `account`, or NotFound as if it did not exist.
+
+    `manage`: members, limits, invoices; only its managers and admins.
+    """
+    role = accounts_of(s, who).get(account)
+    if role is None:
+        raise NotFound(f"account {account} does not exist", details={"account": account})
+    if manage and role == "member":
+        raise Forbidden(
+            f"only a manager of {account} may do this", details={"account": account, "role": role}
+        )
+    return role
+
+
+def require_admin(who: Principal) -> None:
+    if not who.is_admin:
+        raise Forbidden("only an admin may do this")
+
+
+def require_service_or_admin(who: Principal) -> None:
+    if not (who.is_service or who.is_admin):
+        raise Forbidden("only a service or admin token may do this")
+
+
+# --- login and logout -------------------------------------------------------------
+
+
+@bp.route("/login", methods=["GET", "POST"])
+@limiter.limit(login_limit, key_func=login_key, methods=["POST"])
+def login() -> Any:
+    settings = portal_settings_now()
+    if request.method == "POST":
+        name = request.form.get("username", "").strip()
+        password = request.form.get("password", "")
+        if _check_password(name, password):
+            session.clear()
+            session["user"] = name
+            session.permanent = True
+            return redirect(_safe_next(request.args.get("next")))
+        log.warning("failed login for %r from %s", name, request.remote_addr)
+        flash("Wrong user name or password.", "error")
+        return render_template("login.html", settings=settings), 401
+    return render_template("login.html", settings=settings)
+
+
+def _check_password(name: str, password: str) -> bool:
+    with transaction() as s:
+        user = api.portal_user(s, name) if name else None
+    stored = user["password_hash"] if user else None
+    try:
+        hasher.verify(stored or _DUMMY_HASH, password)
+    except (VerificationError, InvalidHashError):
+        return False
+    if stored is None:
+        return False
+    if hasher.check_needs_rehash(stored):
+        with transaction() as s:
+            api.set_portal_user(s, name, password_hash=hasher.hash(password))
+    return True
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site: never an open redirect."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for("pages.home") if "pages.home" in _endpoints() else "/"
+
+
+def _endpoints() -> set[str]:
+    from flask import current_app
+
+    return {rule.endpoint for rule in current_app.url_map.iter_rules()}
+
+
+@bp.route("/logout", methods=["POST"])
+def logout() -> Any:
+    session.clear()
+    return redirect(url_for("auth.login"))

@@ -1,0 +1,114 @@
+"""The portal's commands: `gpucredit serve`, `gpucredit token ...`, `gpucredit passwd`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ledger.cli_support import emit, format_option, ledger_command, parse_time_option, transaction
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Default: portal.host from the config (127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Default: portal.port from the config (8080).")
+@click.option("--threads", type=int, default=None, help="Worker threads (default: portal.threads).")
+def serve_command(host: str | None, port: int | None, threads: int | None) -> None:
+    """Serve the portal and the JSON API (waitress)."""
+    import logging
+
+    from waitress import serve
+
+    from ledger.config import load_config
+    from portal import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config()
+    portal = config["portal"]
+    host = host or portal.get("host", "127.0.0.1")
+    port = port or int(portal.get("port", 8080))
+    config["portal"] = {**portal, "host": host, "port": port}
+    app = create_app({"GPUCREDIT": config})
+    click.echo(f"gpucredit portal on http://{host}:{port}/", err=True)
+    # One process with threads: in-memory rate limits and the SQLite file stay exact,
+    # and a slow client never ties up a worker process (waitress buffers it).
+    serve(
+        app,
+        host=host,
+        port=port,
+        threads=threads or int(app.config["GPUCREDIT"]["portal"]["threads"]),
+        ident="gpucredit",
+    )
+
+
+@click.group("token")
+def token_group() -> None:
+    """API tokens (Authorization: Bearer ...)."""
+
+
+TOKEN_COLUMNS = ["id", "user", "role", "label", "created_at", "expires_at", "revoked_at"]
+
+
+@token_group.command("create")
+@click.argument("user")
+@click.option("--role", type=click.Choice(["user", "admin", "service"]), default="user", show_default=True)
+@click.option("--expires", default=None, metavar="TIME", help="Expiry (ISO 8601); default never.")
+@click.option("--label", default=None, help="What the token is for.")
+@ledger_command
+def token_create(user: str, role: str, expires: str | None, label: str | None) -> None:
+    """Make a token; its secret is printed once, on stdout."""
+    from ledger import api
+
+    with transaction() as s:
+        info, secret = api.create_token(
+            s, user, role, expires_at=parse_time_option(expires, "expires"), label=label
+        )
+    click.echo(secret)
+    click.echo(f"token {info.id} for {user} ({role}); store it now: it is not shown again", err=True)
+
+
+@token_group.command("list")
+@click.option("--user", default=None)
+@format_option
+@ledger_command
+def token_list(user: str | None, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        emit([t.as_dict() for t in api.list_tokens(s, user)], fmt, TOKEN_COLUMNS)
+
+
+@token_group.command("revoke")
+@click.argument("token_id", type=int)
+@format_option
+@ledger_command
+def token_revoke(token_id: int, fmt: str) -> None:
+    from ledger import api
+
+    with transaction() as s:
+        emit(api.revoke_token(s, token_id).as_dict(), fmt, TOKEN_COLUMNS)
+
+
+@click.command("passwd")
+@click.argument("user")
+@click.option("--password-stdin", is_flag=True, help="Read the password from stdin (for scripts).")
+@click.option("--admin/--no-admin", default=None, help="Make the user a portal admin, or not.")
+@ledger_command
+def passwd_command(user: str, password_stdin: bool, admin: bool | None) -> None:
+    """Set a portal login's password (argon2); creates the login if needed."""
+    from ledger import api
+    from portal.auth import hash_password
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if len(password) < 8:
+        click.echo("error: invalid_password: a password needs at least 8 characters", err=True)
+        sys.exit(2)
+    with transaction() as s:
+        result = api.set_portal_user(s, user, password_hash=hash_password(password), is_admin=admin)
+    click.echo(f"portal login {user}: password set{' (admin)' if result['is_admin'] else ''}")
+
+
+COMMANDS = [serve_command, token_group, passwd_command]
