@@ -49,6 +49,7 @@ from ledger.holds import (
     get_hold,
     hold_usage,
     hold_usage_many,
+    holds_page,
     list_active_runs,
     list_holds,
     record_unreserved_run,
@@ -66,7 +67,7 @@ from ledger.identity import (
     roles_of,
     set_portal_user,
 )
-from ledger.journal import REVENUE, Leg, LockedAccount, entries_t, post, verify
+from ledger.journal import REVENUE, Leg, LockedAccount, entries_page, entries_t, post, verify
 from ledger.limits import CapOverrun, daily_cap_overruns
 from ledger.models import UNKNOWN_SUBMIT
 from ledger.money import charge_for, format_credits, parse_credits
@@ -131,6 +132,8 @@ __all__ = [
     "grant",
     "hold_usage",
     "hold_usage_many",
+    "holds_page",
+    "journal_entries",
     "list_active_runs",
     "list_holds",
     "list_payments",
@@ -167,6 +170,13 @@ __all__ = [
 def members(s: Session, account: str) -> list[str]:
     """The users who may charge `account`, by name."""
     return _accounts.members(s, _accounts.read_account(s, account).id)
+
+
+def journal_entries(
+    s: Session, account: str, *, before_id: int | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """One page of `account`'s journal, newest first, with postings (the audit view)."""
+    return entries_page(s, _accounts.read_account(s, account).id, before_id=before_id, limit=limit)
 
 
 def open_payment(

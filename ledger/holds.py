@@ -16,7 +16,7 @@ A repeat of the same request returns the hold.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -187,6 +187,26 @@ def list_holds(
     if state is not None:
         query = query.where(holds_t.c.state == state)
     return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id).limit(limit))]
+
+
+def holds_page(
+    s: Session,
+    *,
+    accounts: Collection[str] | None = None,
+    state: str | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> list[HoldState]:
+    """One page of holds, newest first: those of `accounts` (None: every account) with
+    ids below `before_id`, the previous page's last id (a cursor that no new hold moves)."""
+    query = _hold_query()
+    if accounts is not None:
+        query = query.where(accounts_t.c.name.in_(list(accounts)))
+    if state is not None:
+        query = query.where(holds_t.c.state == state)
+    if before_id is not None:
+        query = query.where(holds_t.c.id < before_id)
+    return [_to_state(r) for r in s.execute(query.order_by(holds_t.c.id.desc()).limit(limit))]
 
 
 class ActiveRun(NamedTuple):

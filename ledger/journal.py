@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ledger.bulk import insert_rows
 from ledger.models import Account, Entry, Grant, Posting, table_of
+from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 
 accounts_t = table_of(Account)
@@ -293,3 +294,48 @@ def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
                 f"account {acct.name} grant {grant.id}: remaining/earmarked "
                 f"{grant.remaining_ucredits}/{grant.earmarked_ucredits} != journal {available + held}/{held}"
             )
+
+
+def entries_page(
+    s: Session, account_id: int, *, before_id: int | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """One page of an account's journal, newest first, each entry with its postings.
+
+    `before_id` is the previous page's last id: appending entries never moves it.
+    """
+    query = select(entries_t).where(entries_t.c.account_id == account_id)
+    if before_id is not None:
+        query = query.where(entries_t.c.id < before_id)
+    entries = s.execute(query.order_by(entries_t.c.id.desc()).limit(limit)).all()
+    postings: dict[int, list[dict[str, Any]]] = {row.id: [] for row in entries}
+    if postings:
+        for leg in s.execute(
+            select(postings_t, accounts_t.c.name.label("account"))
+            .join(accounts_t, accounts_t.c.id == postings_t.c.account_id)
+            .where(postings_t.c.entry_id.in_(list(postings)))
+            .order_by(postings_t.c.id)
+        ):
+            postings[leg.entry_id].append(
+                {
+                    "account": leg.account,
+                    "grant_id": leg.grant_id,
+                    "bucket": leg.bucket,
+                    "amount": format_credits(leg.amount_ucredits),
+                }
+            )
+    return [
+        {
+            "id": row.id,
+            "seq": row.seq,
+            "kind": row.kind,
+            "effective_at": format_time(row.effective_at),
+            "recorded_at": format_time(row.recorded_at),
+            "user": row.user,
+            "hold_id": row.hold_id,
+            "links_entry_id": row.links_entry_id,
+            "memo": json.loads(row.memo) if row.memo else {},
+            "postings": postings[row.id],
+            "hash": row.hash,
+        }
+        for row in entries
+    ]
