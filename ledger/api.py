@@ -35,9 +35,10 @@ from ledger.accounts import (
     show_limits,
 )
 from ledger.balance import account_summary, balance
-from ledger.efficiency import UsageDelta, add_gpu_usage
+from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
+from ledger.history import JobRecord, hold_entries, job_history, job_record
 from ledger.holds import (
     ActiveRun,
     HoldState,
@@ -99,6 +100,7 @@ __all__ = [
     "CapOverrun",
     "Estimate",
     "HoldState",
+    "JobRecord",
     "PriceTable",
     "Snapshot",
     "SnapshotKeeper",
@@ -120,6 +122,7 @@ __all__ = [
     "create_hold",
     "create_token",
     "daily_cap_overruns",
+    "efficiency_report",
     "ensure_account",
     "entries_t",
     "estimate",
@@ -130,9 +133,12 @@ __all__ = [
     "get_hold",
     "get_payment",
     "grant",
+    "hold_entries",
     "hold_usage",
     "hold_usage_many",
     "holds_page",
+    "job_history",
+    "job_record",
     "journal_entries",
     "list_active_runs",
     "list_holds",
