@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 DEMO_DB ?= $(CURDIR)/var/demo.db
 
-.PHONY: venv demo test check lint typecheck bench clean
+.PHONY: venv demo demo-no-serve test check lint typecheck bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,9 +15,16 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
+# `make demo` ends serving the portal on the demo data (Ctrl-C stops it);
+# `make demo-no-serve` (or DEMO_SERVE=0) only prints, for scripts.
+DEMO_SERVE ?= 1
 demo: venv
 	rm -f $(DEMO_DB) $(DEMO_DB)-wal $(DEMO_DB)-shm
-	GPUCREDIT_DATABASE_URL=sqlite:///$(DEMO_DB) $(BIN)/python -m gpucredit.demo
+	GPUCREDIT_DATABASE_URL=sqlite:///$(DEMO_DB) $(BIN)/python -m gpucredit.demo \
+	  $(if $(filter 0 no false,$(DEMO_SERVE)),--no-serve,--serve)
+
+demo-no-serve:
+	$(MAKE) demo DEMO_SERVE=0
 
 lint: venv
 	$(BIN)/ruff check .
