@@ -38,6 +38,7 @@ test: venv lint typecheck
 
 bench: venv
 	$(BIN)/python -m bench.ledger_throughput
+	$(BIN)/python -m bench.portal_load
 
 clean:
 	rm -rf $(VENV) var build *.egg-info
