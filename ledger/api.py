@@ -93,9 +93,11 @@ from ledger.quotes import Estimate, estimate, quote
 from ledger.reports import usage_report
 from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
+from ledger.totals import AccountTotals, account_totals, last_usage_charge_at, memberships
 
 __all__ = [
     "UNKNOWN_SUBMIT",
+    "AccountTotals",
     "ActiveRun",
     "CapOverrun",
     "Estimate",
@@ -108,6 +110,7 @@ __all__ = [
     "UsageDelta",
     "account_names",
     "account_summary",
+    "account_totals",
     "add_gpu_usage",
     "add_member",
     "adjust",
@@ -140,6 +143,7 @@ __all__ = [
     "job_history",
     "job_record",
     "journal_entries",
+    "last_usage_charge_at",
     "list_active_runs",
     "list_holds",
     "list_payments",
@@ -149,6 +153,7 @@ __all__ = [
     "mark_paid",
     "member_roles",
     "members",
+    "memberships",
     "open_payment",
     "portal_user",
     "quote",
