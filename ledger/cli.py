@@ -350,17 +350,44 @@ def adjust_command(
 
 
 @click.command("balance")
-@click.argument("account")
+@click.argument("account", required=False)
 @at_option
 @format_option
 @ledger_command
-def balance_command(account: str, at: str | None, fmt: str) -> None:
-    """What ACCOUNT can spend at a time, past or future (default now)."""
+def balance_command(account: str | None, at: str | None, fmt: str) -> None:
+    """What ACCOUNT can spend at a time, past or future (default now). Without ACCOUNT:
+    one line per account of the calling user ($USER), like `sshare -U`."""
     from ledger import api
 
+    if account is None:
+        _emit_own_balances(at, fmt)
+        return
     with transaction() as s:
         result = api.balance(s, account, parse_time_option(at, "at"))
     _emit_balance(result, fmt)
+
+
+def _emit_own_balances(at: str | None, fmt: str) -> None:
+    import getpass
+    import os
+    import sys
+
+    from ledger import api
+
+    user = os.environ.get("USER") or getpass.getuser()
+    when = parse_time_option(at, "at")
+    with transaction() as s:
+        rows = []
+        for name in api.roles_of(s, user):
+            found = api.balance(s, name, when)
+            rows.append({"account": name, "available": found["available"], "held": found["held"]})
+    if not rows:
+        click.echo(
+            f"error: no_account: {user} is a member of no account; name one: gpucredit balance ACCOUNT",
+            err=True,
+        )
+        sys.exit(1)
+    emit(rows, fmt, ["account", "available", "held"])
 
 
 @click.command("quote")

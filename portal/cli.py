@@ -111,4 +111,24 @@ def passwd_command(user: str, password_stdin: bool, admin: bool | None) -> None:
     click.echo(f"portal login {user}: password set{' (admin)' if result['is_admin'] else ''}")
 
 
-COMMANDS = [serve_command, token_group, passwd_command]
+@click.group("export")
+def export_group() -> None:
+    """Files other systems read."""
+
+
+@export_group.command("ood-balance")
+@click.argument("path", type=click.Path(dir_okay=False, writable=True))
+@ledger_command
+def export_ood_balance(path: str) -> None:
+    """Open OnDemand's balance file (OOD_BALANCE_PATH), replaced atomically."""
+    from pathlib import Path
+
+    from portal.ood import ood_document, write_atomically
+
+    with transaction() as s:
+        document = ood_document(s)
+    write_atomically(Path(path), document)
+    click.echo(f"{path}: {len(document['balances'])} balances", err=True)
+
+
+COMMANDS = [serve_command, token_group, passwd_command, export_group]
