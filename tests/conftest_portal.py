@@ -36,10 +36,19 @@ def portal_config(db_url: str, **portal: Any) -> dict[str, Any]:
     return config
 
 
-def make_app(db_url: str, *, portal: dict[str, Any] | None = None, **flask: Any) -> Flask:
+def make_app(
+    db_url: str,
+    *,
+    portal: dict[str, Any] | None = None,
+    payments: dict[str, Any] | None = None,
+    **flask: Any,
+) -> Flask:
     from portal import create_app
 
-    return create_app({"GPUCREDIT": portal_config(db_url, **(portal or {})), "SECRET_KEY": "test", **flask})
+    config = portal_config(db_url, **(portal or {}))
+    if payments is not None:
+        config["payments"] = payments
+    return create_app({"GPUCREDIT": config, "SECRET_KEY": "test", **flask})
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""Buying credit: a pending payment, then the provider's way to pay it.
+
+`start_topup` is the one entry point for pages and the API alike; the webhook
+(`portal.payments.webhook`) and the admin page (`portal.payments.views`) resolve
+payments through `ledger.api.mark_paid` / `cancel_payment`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app, request, url_for
+from sqlalchemy.orm import Session
+
+from ledger import api
+from ledger.errors import InvalidInput
+from ledger.money import parse_credits
+from portal.payments.providers import payment_settings, provider_for
+
+__all__ = ["start_topup"]
+
+
+def start_topup(
+    s: Session,
+    *,
+    account: str,
+    amount: str,
+    requested_by: str,
+    idempotency_key: str | None,
+    return_url: str | None,
+) -> dict[str, Any]:
+    """Open a pending payment of `amount` credits for `account` and start paying it.
+
+    Returns {"payment": ..., "checkout_url": address to pay at, or None for an
+    invoice}. The caller has checked that `requested_by` may top up `account`, and
+    owns the transaction: the checkout address is good once it commits. A replay
+    (same idempotency key and body) returns the same payment and address.
+    `return_url`: where the payer lands after the checkout (default: the payment's
+    page in the portal).
+    """
+    settings = payment_settings(current_app)
+    settings.cents_for(parse_credits(amount))  # a fraction of a cent opens nothing
+    if return_url is not None and not return_url.startswith(("https://", "http://")):
+        raise InvalidInput(
+            "return_url must be an http(s) address",
+            code="invalid_return_url",
+            details={"return_url": return_url},
+        )
+    opened = api.open_payment(
+        s,
+        account,
+        amount,
+        provider=settings.provider,
+        requested_by=requested_by,
+        idempotency_key=idempotency_key,
+    )
+    payment = api.get_payment(s, opened["id"])  # a replay returns the payment as first opened
+    if payment["state"] != "pending":
+        return {"payment": payment, "checkout_url": None}
+    back = return_url or payment_page_url(payment)
+    checkout_url = provider_for(payment["provider"], settings).start(
+        s,
+        payment,
+        success_url=return_url or f"{back}?checkout=success",
+        cancel_url=return_url or f"{back}?checkout=cancelled",
+    )
+    return {"payment": api.get_payment(s, payment["id"]), "checkout_url": checkout_url}
+
+
+def payment_page_url(payment: dict[str, Any]) -> str:
+    """The payment's page as the payer's browser reaches it: under `portal.url` when
+    set (a proxy in front), else at the address this request came to."""
+    path = url_for("payments.payment", account=payment["account"], payment_id=payment["id"])
+    base = current_app.config["GPUCREDIT"]["portal"].get("url")
+    if base:
+        return base.rstrip("/") + path.removeprefix(request.script_root)
+    return request.host_url.rstrip("/") + path
