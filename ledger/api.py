@@ -38,7 +38,14 @@ from ledger.balance import account_summary, balance
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
-from ledger.history import JobRecord, hold_entries, job_history, job_record
+from ledger.history import (
+    JobRecord,
+    RunningTotals,
+    hold_entries,
+    job_history,
+    job_record,
+    running_totals,
+)
 from ledger.holds import (
     ActiveRun,
     HoldState,
@@ -104,6 +111,7 @@ __all__ = [
     "HoldState",
     "JobRecord",
     "PriceTable",
+    "RunningTotals",
     "Snapshot",
     "SnapshotKeeper",
     "TokenInfo",
@@ -164,6 +172,7 @@ __all__ = [
     "reserve",
     "revoke_token",
     "roles_of",
+    "running_totals",
     "set_external_id",
     "set_limits",
     "set_portal_user",

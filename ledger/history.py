@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
@@ -23,7 +23,15 @@ from ledger.models import JobRun, table_of
 from ledger.money import format_credits
 from ledger.timeutil import format_time
 
-__all__ = ["MAX_JOBS_PER_PAGE", "JobRecord", "hold_entries", "job_history", "job_record"]
+__all__ = [
+    "MAX_JOBS_PER_PAGE",
+    "JobRecord",
+    "RunningTotals",
+    "hold_entries",
+    "job_history",
+    "job_record",
+    "running_totals",
+]
 
 job_runs_t = table_of(JobRun)
 MAX_JOBS_PER_PAGE = 500
@@ -41,6 +49,14 @@ class JobRecord:
     slurm_state: str | None
     slurm_elapsed_seconds: int | None
     flags: str
+
+
+class RunningTotals(NamedTuple):
+    """What an account's running jobs (active holds) hold together now."""
+
+    jobs: int
+    gpus: int
+    rate_ucredits_per_hour: int
 
 
 _run_status = case(
@@ -176,3 +192,18 @@ def hold_entries(s: Session, hold_id: int, *, limit: int = 1000) -> list[dict[st
             }
         )
     return shown
+
+
+def running_totals(s: Session, account: str) -> RunningTotals:
+    """How many jobs of `account` run now, on how many GPUs, burning how much per hour."""
+    jobs, gpus, rate = s.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+            func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+        )
+        .select_from(holds_t)
+        .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
+        .where(accounts_t.c.name == account, holds_t.c.state == "active")
+    ).one()
+    return RunningTotals(int(jobs), int(gpus), int(rate))

@@ -1,0 +1,87 @@
+"""Home (my accounts and how to charge them) and an account's dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import redirect, render_template, request, url_for
+
+from ledger import api
+from ledger.money import format_credits
+from ledger.timeutil import format_time, utcnow
+from portal.auth import accounts_of, login_required, principal, require_account
+from portal.pages import bp
+from portal.pages.common import form_time, low_balance_ucredits, ucredits
+from portal.pages.figures import duration_words, run_out_at
+from portal.store import transaction
+
+
+@bp.route("/")
+@login_required
+def home() -> Any:
+    who = principal()
+    now = utcnow()
+    with transaction() as s:
+        roles = accounts_of(s, who)
+        accounts = [
+            {"name": name, "role": role, "available": api.balance(s, name)["available"]}
+            for name, role in sorted(roles.items())
+        ]
+        prices = api.load_price_table(s)
+    gpu_types = [
+        (gres, format_credits(price))
+        for gres in prices.gpu_types()
+        if (price := prices.price_at(gres, None, now)) is not None
+    ]
+    return render_template("pages/home.html", accounts=accounts, gpu_types=gpu_types)
+
+
+@bp.route("/accounts/<account>")
+@login_required
+def dashboard(account: str) -> Any:
+    who = principal()
+    at_text = request.args.get("at", "").strip()
+    at = form_time(at_text, "at")
+    now = utcnow()
+    with transaction() as s:
+        role = require_account(s, who, account)
+        balance = api.balance(s, account)
+        running = api.running_totals(s, account)
+        balance_then = api.balance(s, account, at) if at is not None else None
+    available = ucredits(balance["available"])
+    run_out = run_out_at(available, running.rate_ucredits_per_hour, now)
+    return render_template(
+        "pages/dashboard.html",
+        account=account,
+        role=role,
+        balance=balance,
+        running=running,
+        burn_rate=format_credits(running.rate_ucredits_per_hour),
+        run_out=format_time(run_out),
+        run_out_in=None if run_out is None else duration_words(int((run_out - now).total_seconds())),
+        low_balance=available <= low_balance_ucredits(),
+        low_balance_threshold=format_credits(low_balance_ucredits()),
+        at_text=at_text,
+        balance_then=balance_then,
+    )
+
+
+@bp.route("/jobs")
+@login_required
+def jobs_index() -> Any:
+    return _account_chooser("pages.jobs", "Jobs")
+
+
+@bp.route("/usage")
+@login_required
+def usage_index() -> Any:
+    return _account_chooser("pages.usage", "Usage")
+
+
+def _account_chooser(endpoint: str, title: str) -> Any:
+    """One account: straight to its page; several: pick one."""
+    with transaction() as s:
+        names = sorted(accounts_of(s, principal()))
+    if len(names) == 1:
+        return redirect(url_for(endpoint, account=names[0]))
+    return render_template("pages/choose.html", names=names, endpoint=endpoint, title=title)
