@@ -23,9 +23,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__)
     settings.configure(app, config or {})
     store.init_app(app)
+    auth.init_app(app)  # before security: the per-token rate limit needs the principal loaded
     security.init_app(app)
     errors.init_app(app)
-    auth.init_app(app)
     _register_blueprints(app)
     return app
 
