@@ -71,7 +71,7 @@ class Page(HTMLParser):
             element.parts.append(data)
 
     def all(self, **attrs: str) -> list[Element]:
-        wanted = {k.replace("_", "-"): v for k, v in attrs.items()}
+        wanted = {k.rstrip("_").replace("_", "-"): v for k, v in attrs.items()}
         return [e for e in self.elements if all(e.attrs.get(k) == v for k, v in wanted.items())]
 
     def one(self, **attrs: str) -> Element:
@@ -147,6 +147,21 @@ def test_the_header_links_to_the_pages_that_exist(login_as: LoginAs) -> None:
 
 def _nav_links(page: Page) -> list[Element]:
     return _descendants(page, next(e for e in page.elements if e.tag == "nav"))
+
+
+def test_top_up_is_linked_once_the_payments_pages_exist(portal_db: str, site: Site) -> None:
+    app = make_app(portal_db)
+    client = app.test_client()
+    login(client, "bob")
+    page = get_page(client, "/accounts/physics")
+    assert ("Top up", "/topup") in [(a.text, a.attrs["href"]) for a in _nav_links(page)]
+    tabs = _descendants(page, page.one(class_="pages-tabs"))
+    assert ("Top up", "/accounts/physics/topup") in [(a.text, a.attrs["href"]) for a in tabs]
+    assert client.get("/topup").headers["Location"] == "/accounts/physics/topup"
+    del app.view_functions["payments.topup"]
+    page = get_page(client, "/accounts/physics")
+    assert "Top up" not in [a.text for a in page.elements if a.tag == "a"]
+    get_page(client, "/topup", status=404)
 
 
 def test_someone_in_no_account_is_told_whom_to_ask(login_as: LoginAs) -> None:

@@ -7,12 +7,14 @@ from typing import Any
 from flask import redirect, render_template, request, url_for
 
 from ledger import api
+from ledger.errors import NotFound
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 from portal.auth import accounts_of, login_required, principal, require_account
 from portal.pages import bp
 from portal.pages.common import form_time, low_balance_ucredits, ucredits
 from portal.pages.figures import duration_words, run_out_at
+from portal.pages.nav import endpoint_exists
 from portal.store import transaction
 
 
@@ -76,6 +78,14 @@ def jobs_index() -> Any:
 @login_required
 def usage_index() -> Any:
     return _account_chooser("pages.usage", "Usage")
+
+
+@bp.route("/topup")
+@login_required
+def topup_index() -> Any:
+    if not endpoint_exists("payments.topup"):
+        raise NotFound("this portal takes no top-ups")
+    return _account_chooser("payments.topup", "Top up")
 
 
 def _account_chooser(endpoint: str, title: str) -> Any:

@@ -87,7 +87,12 @@ def job(account: str, hold_id: int) -> Any:
     for entry in entries:
         entry["label"] = _entry_label(entry)
     return render_template(
-        "pages/job.html", account=account, job=job_row(record, now), entries=entries, now=format_time(now)
+        "pages/job.html",
+        account=account,
+        role=role,
+        job=job_row(record, now),
+        entries=entries,
+        now=format_time(now),
     )
 
 

@@ -1,7 +1,8 @@
-"""The links in every page's header (base.html's `nav_links`).
+"""The links in every page's header (base.html's `nav_links`) and an account's tabs.
 
-Areas other modules own (top-ups, administration) get a link only once their
-endpoint exists in this app, so the header never points at a page that is not there.
+Areas other modules own (top-ups, administration, account management) get a link
+only once their endpoint exists in this app, so no page points at one that is not
+there. Per-account areas are reached from the header through an account chooser.
 """
 
 from __future__ import annotations
@@ -18,27 +19,22 @@ LINKS = [
     ("pages.usage_index", "Usage"),
     ("pages.quote", "Quote"),
 ]
-# endpoint, label, only for admins
+# header link, label, the endpoint it leads to, only for admins
 OPTIONAL_LINKS = [
-    ("payments.topup", "Top up", False),
-    ("admin.index", "Admin", True),
+    ("pages.topup_index", "Top up", "payments.topup", False),
+    ("admin.index", "Admin", "admin.index", True),
 ]
 
 
 def nav_links() -> dict[str, Any]:
+    """Template context: `nav_links` for the header, `endpoint_exists` for the tabs."""
     who = current()
-    if who is None:
-        return {"nav_links": []}
-    links = list(LINKS)
-    for endpoint, label, admins_only in OPTIONAL_LINKS:
-        if (who.is_admin or not admins_only) and _links_without_arguments(endpoint):
-            links.append((endpoint, label))
-    return {"nav_links": links}
+    links = list(LINKS) if who is not None else []
+    for link, label, target, admins_only in OPTIONAL_LINKS:
+        if who is not None and (who.is_admin or not admins_only) and endpoint_exists(target):
+            links.append((link, label))
+    return {"nav_links": links, "endpoint_exists": endpoint_exists}
 
 
-def _links_without_arguments(endpoint: str) -> bool:
-    try:
-        rules = list(current_app.url_map.iter_rules(endpoint))
-    except KeyError:  # no such endpoint in this app
-        return False
-    return any(not rule.arguments for rule in rules)
+def endpoint_exists(endpoint: str) -> bool:
+    return endpoint in current_app.view_functions
