@@ -15,7 +15,7 @@ WIDTH = 720
 HEIGHT = 280
 LEFT = 72  # room for the value axis labels
 RIGHT = 12
-TOP = 16
+TOP = 28  # room for the value axis title above it
 BOTTOM = 56  # room for the category labels
 MAX_LABELS = 16  # more bars than this: label every n-th so labels never overlap
 

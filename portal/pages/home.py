@@ -44,7 +44,7 @@ def dashboard(account: str) -> Any:
     who = principal()
     at_text = request.args.get("at", "").strip()
     at = form_time(at_text, "at")
-    now = utcnow()
+    now = utcnow().replace(microsecond=0)  # the run-out date is shown to the second
     with transaction() as s:
         role = require_account(s, who, account)
         balance = api.balance(s, account)
@@ -52,6 +52,7 @@ def dashboard(account: str) -> Any:
         balance_then = api.balance(s, account, at) if at is not None else None
     available = ucredits(balance["available"])
     run_out = run_out_at(available, running.rate_ucredits_per_hour, now)
+    threshold = low_balance_ucredits()
     return render_template(
         "pages/dashboard.html",
         account=account,
@@ -61,8 +62,8 @@ def dashboard(account: str) -> Any:
         burn_rate=format_credits(running.rate_ucredits_per_hour),
         run_out=format_time(run_out),
         run_out_in=None if run_out is None else duration_words(int((run_out - now).total_seconds())),
-        low_balance=available <= low_balance_ucredits(),
-        low_balance_threshold=format_credits(low_balance_ucredits()),
+        low_balance=available <= threshold,
+        low_balance_threshold=format_credits(threshold),
         at_text=at_text,
         balance_then=balance_then,
     )
