@@ -57,18 +57,6 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def set_member_role(s: Session, user: str, account: str, role: str) -> dict[str, Any]:
-    if role not in MEMBER_ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(MEMBER_ROLES)}", code="invalid_role")
-    acct = read_account(s, account)
-    done = s.execute(
-        update(members_t).where(members_t.c.account_id == acct.id, members_t.c.user == user).values(role=role)
-    )
-    if done.rowcount == 0:
-        raise NotFound(f"{user} is not a member of {account}", details={"user": user, "account": account})
-    return {"account": account, "user": user, "role": role}
-
-
 def roles_of(s: Session, user: str) -> dict[str, str]:
     """The customer accounts `user` belongs to, with their role in each."""
     rows = s.execute(

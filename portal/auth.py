@@ -116,9 +116,9 @@ def _load_principal() -> None:
         if name:
             g.principal = _principal_for(name, "header")
             return
-    name = session.get("user")
-    if name:
-        g.principal = _principal_for(name, "session")
+    user = session.get("user")
+    if user:
+        g.principal = _principal_for(str(user), "session")
 
 
 def portal_settings_now() -> dict[str, Any]:
