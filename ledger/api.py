@@ -35,6 +35,7 @@ from ledger.accounts import (
     show_limits,
 )
 from ledger.balance import account_summary, balance
+from ledger.charge_counter import ChargeCounter, ChargeTotals
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import DEFAULT_PRIORITY
@@ -107,6 +108,8 @@ __all__ = [
     "AccountTotals",
     "ActiveRun",
     "CapOverrun",
+    "ChargeCounter",
+    "ChargeTotals",
     "Estimate",
     "HoldState",
     "JobRecord",
