@@ -33,6 +33,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
+from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
 from ledger.api import SnapshotKeeper
@@ -83,6 +84,7 @@ class Daemon:
             "job_started": lambda request: {},
             "job_ended": lambda request: {},
         }
+        self.metrics = daemon_metrics.for_daemon(config, self.handlers)
 
     def _in_tx(self, func: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
         def handler(request: dict[str, Any]) -> Any:
@@ -128,6 +130,14 @@ class Daemon:
         return self.slurm_facts.gpu_types(partition)
 
     def handle(self, request: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        reply = self._answer(request)
+        if self.metrics is not None:
+            operation = request.get("op") if isinstance(request, dict) else None
+            self.metrics.observe(operation, time.perf_counter() - started, reply)
+        return reply
+
+    def _answer(self, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
             return _error("bad_request", "a request is a JSON object with an 'op'")
         handler = self.handlers.get(request["op"])
@@ -240,6 +250,8 @@ class Daemon:
         if release_interval:
             threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
         threading.Thread(target=self.slurm_facts.run, args=(stop,), daemon=True).start()
+        port = daemon_metrics.metrics_port(self.config)
+        stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)
         try:  # so the first quote does not wait on the database either
             self.snapshots.refresh()
         except SQLAlchemyError as error:
@@ -265,6 +277,7 @@ class Daemon:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             server.server_close()
+            stop_metrics()
             path.unlink(missing_ok=True)
             self.engine.dispose()
             log.info("gpucredit daemon stopped")
