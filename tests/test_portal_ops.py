@@ -9,31 +9,78 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import stat
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from flask import Flask
+from flask.testing import FlaskClient
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
 
 from gpucredit.cli import _build
-from ledger import cli_support
+from gpucredit.daemon.metrics import DaemonMetrics
+from gpucredit.daemon.server import Daemon
+from ledger import api, cli_support, jobruns
+from ledger.config import load_config
 from ledger.db import make_engine, make_sessionmaker
 from portal import ood
 from portal.ood import ood_document
-from tests.conftest_portal import Site
+from tests.conftest_portal import Site, bearer, make_app
+from tests.fakedaemon import sockdir as sockdir
+from tests.test_daemon import NO_VAL, PARTITIONS, sinfo_runner
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "conf" / "grafana" / "gpucredit.json"
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-def read_ood(db_url: str, **kwargs: object) -> dict[str, object]:
+@contextmanager
+def ledger_tx(db_url: str) -> Iterator[Session]:
     engine = make_engine(db_url)
     try:
         with make_sessionmaker(engine)() as s, s.begin():
-            return ood_document(s, **kwargs)  # type: ignore[arg-type]
+            yield s
     finally:
         engine.dispose()
+
+
+def read_ood(db_url: str, **kwargs: Any) -> dict[str, Any]:
+    with ledger_tx(db_url) as s:
+        return ood_document(s, **kwargs)
+
+
+def samples(exposition: str) -> Samples:
+    """Every sample of a Prometheus text exposition: (name, labels) -> value."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def scrape(client: FlaskClient) -> Samples:
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.content_type.startswith("text/plain; version=")
+    return samples(response.get_data(as_text=True))
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    return found.get((name, frozenset(labels.items())))
 
 
 @pytest.fixture
@@ -77,12 +124,8 @@ def test_ood_document_for_one_user_and_for_none(portal_db: str, site: Site) -> N
 
 
 def test_ood_value_is_rounded_down_not_to_nearest(portal_db: str, site: Site) -> None:
-    from ledger import api
-
-    engine = make_engine(portal_db)
-    with make_sessionmaker(engine)() as s, s.begin():
+    with ledger_tx(portal_db) as s:
         api.consume(s, "chemistry", "0.01")
-    engine.dispose()
     assert read_ood(portal_db, user="carol")["balances"] == [
         {"user": "carol", "project": "chemistry", "value": 38}
     ]
@@ -159,3 +202,333 @@ def test_balance_without_account_for_a_user_in_none(gc: Callable[..., Result]) -
 def test_balance_with_an_account_is_unchanged(gc: Callable[..., Result]) -> None:
     shown = json.loads(gc("balance", "physics", "--format", "json", user="dave").stdout)
     assert (shown["account"], shown["available"], shown["held"]) == ("physics", "100.00", "14.40")
+
+
+# --- /metrics ----------------------------------------------------------------------------
+
+
+def test_metrics_show_the_seeded_ledger(client: FlaskClient) -> None:
+    found = scrape(client)
+    expected = {
+        ("gpucredit_ledger_up", ()): 1.0,
+        ("gpucredit_credits_available", (("account", "physics"),)): 100.0,
+        ("gpucredit_credits_held", (("account", "physics"),)): 14.4,
+        ("gpucredit_credits_spent_total", (("account", "physics"),)): 5.6,
+        ("gpucredit_credits_returned_total", (("account", "physics"),)): 0.0,
+        ("gpucredit_active_holds", (("account", "physics"),)): 1.0,
+        ("gpucredit_credits_available", (("account", "chemistry"),)): 39.0,
+        ("gpucredit_credits_held", (("account", "chemistry"),)): 0.0,
+        ("gpucredit_credits_spent_total", (("account", "chemistry"),)): 1.0,
+        ("gpucredit_active_holds", (("account", "chemistry"),)): 0.0,
+        # bob's 1 h on one a100 (2.00) and carol's 15 min on two (1.00); alice's 30 min on two h100
+        ("gpucredit_charged_credits_total", (("gres", "a100"), ("partition", "none"))): 3.0,
+        ("gpucredit_charged_credits_total", (("gres", "h100"), ("partition", "none"))): 3.6,
+        ("gpucredit_charged_gpu_seconds_total", (("gres", "a100"), ("partition", "none"))): 5400.0,
+        ("gpucredit_charged_gpu_seconds_total", (("gres", "h100"), ("partition", "none"))): 3600.0,
+        ("gpucredit_ledger_errors_total", ()): 0.0,
+    }
+    assert {key: found.get((key[0], frozenset(key[1]))) for key in expected} == expected
+    names = {name for name, _labels in found}
+    assert not names & {"gpucredit_sacct_lag_seconds", "gpucredit_meter_lag_seconds"}  # never ran
+
+
+def test_counters_only_grow_and_lags_appear_once_there_is_something_to_lag(
+    portal_db: str, site: Site, client: FlaskClient
+) -> None:
+    with ledger_tx(portal_db) as s:
+        hold = api.find_active_hold(s, "default", 1003, None)
+        assert hold is not None
+        jobruns.write_cursor(s, "sacct", site.now - timedelta(seconds=90), at=site.now)
+        api.charge_usage(s, hold.id, 1800, at=site.now - timedelta(seconds=30))  # 1800 s on one h100: 1.80
+    found = scrape(client)
+    assert value(found, "gpucredit_credits_spent_total", account="physics") == 7.4
+    assert value(found, "gpucredit_charged_gpu_seconds_total", gres="h100", partition="none") == 5400.0
+    assert 90 <= (value(found, "gpucredit_sacct_lag_seconds") or 0) < 3600
+    assert 30 <= (value(found, "gpucredit_meter_lag_seconds") or 0) < 3600
+    with ledger_tx(portal_db) as s:
+        api.settle(s, hold.id, 1700, at=site.now)  # ran less than provisionally charged: 0.10 back
+    found = scrape(client)
+    assert value(found, "gpucredit_credits_spent_total", account="physics") == 7.4
+    assert value(found, "gpucredit_credits_returned_total", account="physics") == 0.1
+    assert value(found, "gpucredit_credits_held", account="physics") == 0.0
+    assert value(found, "gpucredit_charged_gpu_seconds_total", gres="h100", partition="none") == 5400.0
+    assert value(found, "gpucredit_meter_lag_seconds") is None  # no running job left
+
+
+def test_metrics_count_the_portals_requests(client: FlaskClient) -> None:
+    client.get("/healthz")
+    client.get("/healthz")
+    client.get("/no/such/page")
+    found = scrape(client)
+    assert value(found, "gpucredit_http_requests_total", endpoint="ops.healthz", status="200") == 2.0
+    assert value(found, "gpucredit_http_requests_total", endpoint="none", status="404") == 1.0
+    assert value(found, "gpucredit_http_request_duration_seconds_count", endpoint="ops.healthz") == 2.0
+
+
+def test_metrics_are_hidden_from_other_addresses_and_from_proxied_requests(client: FlaskClient) -> None:
+    assert client.get("/metrics", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 404
+    assert client.get("/metrics", environ_base={"REMOTE_ADDR": "::1"}).status_code == 200
+    assert client.get("/metrics", environ_base={"REMOTE_ADDR": "::ffff:127.0.0.1"}).status_code == 200
+    assert client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 404
+    assert client.get("/metrics", headers={"Forwarded": "for=127.0.0.1"}).status_code == 404
+
+
+def test_metrics_allow_is_configurable(portal_db: str, site: Site) -> None:
+    client = make_app(portal_db, portal={"metrics_allow": ["10.0.0.0/8"]}).test_client()
+    assert client.get("/metrics", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 200
+    assert client.get("/metrics").status_code == 404
+    with pytest.raises(ValueError, match=r"portal\.metrics_allow"):
+        make_app(portal_db, portal={"metrics_allow": ["not-a-network"]})
+
+
+# --- /healthz ----------------------------------------------------------------------------
+
+
+def shipped_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    from ledger.schema import alembic_config
+
+    return str(ScriptDirectory.from_config(alembic_config()).get_current_head())
+
+
+def test_healthz_reports_the_database_and_its_revision(client: FlaskClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok", "database": "ok", "revision": shipped_revision()}
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again when the block ends
+
+
+@pytest.fixture
+def unreachable() -> Flask:
+    """A portal whose PostgreSQL does not listen."""
+    return make_app(f"postgresql+psycopg://gpucredit@127.0.0.1:{closed_port()}/gpucredit")
+
+
+def test_healthz_is_503_when_the_database_does_not_answer(unreachable: Flask) -> None:
+    client = unreachable.test_client()
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    body = response.get_json()
+    assert (body["status"], body["database"], body["error"]["code"]) == ("error", "error", "unavailable")
+
+
+def test_a_request_that_meets_a_dead_database_is_503_and_counted(unreachable: Flask) -> None:
+    client = unreachable.test_client()
+    response = client.get("/healthz", headers=bearer("gpc_whatever"))  # the token lookup fails
+    assert response.status_code == 503
+    assert response.get_json()["error"]["code"] == "unavailable"
+    found = scrape(client)
+    assert value(found, "gpucredit_ledger_up") == 0.0
+    assert value(found, "gpucredit_credits_available", account="physics") is None
+    assert value(found, "gpucredit_ledger_errors_total") == 2.0  # the request and this scrape
+
+
+def test_healthz_is_503_on_a_database_without_schema(tmp_path: Path) -> None:
+    response = make_app(f"sqlite:///{tmp_path / 'empty.db'}").test_client().get("/healthz")
+    assert response.status_code == 503
+    assert response.get_json()["error"]["code"] == "not_initialised"
+
+
+# --- the daemon's metrics ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    return closed_port()
+
+
+def daemon_on(db_url: str, port: int) -> Daemon:
+    config = load_config(Path("/dev/null"))
+    config["database"]["url"] = db_url
+    config["daemon"]["metrics_port"] = port
+    return Daemon(config, sinfo_runner())
+
+
+def daemon_requests(daemon: Daemon) -> None:
+    """A ping, a hold chemistry cannot pay (8 h100 for 10 h: 288.00 > 39.00), an unknown
+    operation and a submission job_submit refuses (an account the ledger does not know)."""
+    daemon.snapshots.refresh()
+    assert daemon.handle({"op": "ping"})["ok"]
+    hold = {"account": "chemistry", "user": "carol", "job_id": 3001, "cluster": "default"}
+    refused = daemon.handle({"op": "hold", **hold, "gpus": {"h100": 8}, "seconds": 36_000})
+    assert refused["error"]["code"] == "insufficient_credits"
+    assert daemon.handle({"op": "format_disk"})["error"]["code"] == "unknown_op"
+    submitted = daemon.handle(
+        {
+            "op": "submit",
+            "user_name": "carol",
+            "user_id": 1003,
+            "account": "nosuch",
+            "partitions": PARTITIONS,
+            "time_limit": 60,
+            "num_tasks": NO_VAL,
+            "min_nodes": NO_VAL,
+            "tres_per_node": "gres:gpu:a100:1",
+        }
+    )
+    assert submitted["result"]["decision"] == "reject"
+
+
+def test_the_daemon_counts_refusals_by_code_and_times_each_answer(portal_db: str, site: Site) -> None:
+    daemon = daemon_on(portal_db, 0)
+    daemon_requests(daemon)
+    assert daemon.metrics is not None
+    found = samples(generate_latest(daemon.metrics.registry).decode())
+    refusals = {
+        dict(labels)["code"] + "/" + dict(labels)["operation"]: v
+        for (name, labels), v in found.items()
+        if name == "gpucredit_refusals_total"
+    }
+    assert refusals == {"insufficient_credits/hold": 1, "unknown_op/unknown": 1, "rejected/submit": 1}
+    counts = {
+        dict(labels)["operation"]: v
+        for (name, labels), v in found.items()
+        if name == "gpucredit_daemon_request_duration_seconds_count"
+    }
+    assert counts == {"ping": 1, "hold": 1, "unknown": 1, "submit": 1}
+    daemon.engine.dispose()
+
+
+def test_the_daemon_serves_its_metrics_on_loopback_while_it_runs(
+    portal_db: str, site: Site, sockdir: Path
+) -> None:
+    port = free_port()
+    daemon = daemon_on(portal_db, port)
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=daemon.serve,
+        args=(str(sockdir / "daemon.sock"),),
+        kwargs={"release_interval": None, "ready": ready, "stop": stop},
+    )
+    thread.start()
+    try:
+        assert ready.wait(10)
+        daemon.handle({"op": "ping"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            found = samples(response.read().decode())
+        assert value(found, "gpucredit_daemon_request_duration_seconds_count", operation="ping") == 1.0
+    finally:
+        stop.set()
+        thread.join(10)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+# --- the Grafana dashboard -------------------------------------------------------------------
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_is_a_grafana_dashboard_on_a_chosen_prometheus() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["schemaVersion"] >= 39
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == ("datasource", "prometheus")
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        assert panel["targets"], panel["title"]
+
+
+def test_every_metric_the_dashboard_queries_is_exposed(
+    portal_db: str, site: Site, client: FlaskClient
+) -> None:
+    with ledger_tx(portal_db) as s:  # so that both lags exist
+        hold = api.find_active_hold(s, "default", 1003, None)
+        assert hold is not None
+        jobruns.write_cursor(s, "sacct", site.now, at=site.now)
+        api.charge_usage(s, hold.id, 600, at=site.now)
+    client.get("/healthz")
+    exposed = {name for name, _labels in scrape(client)}
+    daemon = daemon_on(portal_db, 0)
+    daemon_requests(daemon)
+    assert daemon.metrics is not None
+    exposed |= {name for name, _labels in samples(generate_latest(daemon.metrics.registry).decode())}
+    daemon.engine.dispose()
+    queried = {name for expr in dashboard_expressions() for name in re.findall(r"\bgpucredit_\w+", expr)}
+    assert queried - exposed == set()
+    assert {"gpucredit_refusals_total", "gpucredit_daemon_request_duration_seconds_bucket"} <= queried
+
+
+def test_daemon_metrics_need_no_daemon() -> None:
+    metrics = DaemonMetrics(["hold"])
+    metrics.observe({"not": "a string"}, 0.001, {"ok": False, "error": {"code": "bad_request"}})
+    found = samples(generate_latest(metrics.registry).decode())
+    assert value(found, "gpucredit_refusals_total", code="bad_request", operation="unknown") == 1.0
+
+
+# --- the journal read a little at a time -------------------------------------------------------
+
+
+def sums(totals: api.ChargeTotals) -> dict[str, Any]:
+    return {
+        "accounts": {k: (v.charged_ucredits, v.returned_ucredits) for k, v in totals.accounts.items()},
+        "gres": {k: (v.charged_ucredits, v.gpu_seconds) for k, v in totals.gres.items()},
+    }
+
+
+def test_a_long_journal_is_read_over_several_scrapes_to_the_same_sums(portal_db: str, site: Site) -> None:
+    small = api.ChargeCounter(batch_rows=2, max_rows_per_read=4)
+    with ledger_tx(portal_db) as s:
+        first = small.read(s)
+        assert not first.caught_up
+        while not (totals := small.read(s)).caught_up:
+            pass
+        whole = api.ChargeCounter().read(s)
+    assert whole.caught_up
+    assert sums(totals) == sums(whole)
+    assert whole.accounts["physics"].charged_ucredits == 5_600_000
+
+
+def test_an_entry_committed_after_a_newer_one_is_still_counted(pg_url: str) -> None:
+    """On PostgreSQL an entry id becomes visible out of order when transactions commit
+    out of order; a rolled-back id never does, and is forgotten after gap_seconds."""
+    now = [0.0]
+    counter = api.ChargeCounter(gap_seconds=120, clock=lambda: now[0])
+    engine = make_engine(pg_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        with sessions() as s, s.begin():
+            for account in ("physics", "chemistry"):
+                api.create_account(s, account)
+        for account in ("physics", "chemistry"):
+            with sessions() as s, s.begin():
+                api.topup(s, account, "100")
+
+        def spent(account: str) -> int:
+            with sessions() as s, s.begin():
+                found = counter.read(s).accounts.get(account)
+            return found.charged_ucredits if found else 0
+
+        assert spent("physics") == 0
+        with sessions() as slow:
+            slow.begin()
+            api.consume(slow, "physics", "1")  # an id taken, not yet committed
+            with sessions() as s, s.begin():
+                api.consume(s, "chemistry", "2")
+            assert (spent("physics"), spent("chemistry")) == (0, 2_000_000)
+            slow.commit()
+        assert (spent("physics"), spent("chemistry")) == (1_000_000, 2_000_000)
+        with sessions() as lost:
+            lost.begin()
+            api.consume(lost, "physics", "5")
+            lost.rollback()
+        with sessions() as s, s.begin():
+            api.consume(s, "chemistry", "3")
+        assert spent("chemistry") == 5_000_000
+        assert len(counter._gaps) == 1
+        now[0] += 121
+        assert spent("physics") == 1_000_000
+        assert counter._gaps == {}
+    finally:
+        engine.dispose()
