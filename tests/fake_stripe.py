@@ -18,6 +18,8 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
@@ -107,6 +109,16 @@ class FakeStripe:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+    @contextmanager
+    def running(self) -> Iterator[FakeStripe]:
+        """Serve for a block; on leaving it, fail on any request that was not expected."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+        self.check()
 
     def check(self) -> None:
         """Fail on any request this fake was not built to answer."""

@@ -179,10 +179,8 @@ def test_without_a_webhook_secret_there_is_no_webhook(app: Flask) -> None:
 
 @pytest.fixture
 def fake_stripe() -> Iterator[FakeStripe]:
-    fake = FakeStripe().start()
-    yield fake
-    fake.stop()
-    fake.check()
+    with FakeStripe().running() as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -370,3 +368,11 @@ def test_admins_leave_stripe_payments_to_stripe(stripe_app: Flask, fake_stripe: 
     )
     assert "its events resolve it" in admin.get("/admin/payments").get_data(as_text=True)
     assert available(stripe_app) == "100.00"
+
+
+def test_the_webhook_is_in_the_openapi_document(app: Flask) -> None:
+    document = app.test_client().get("/api/v1/openapi.json").get_json()
+    operation = document["paths"]["/api/v1/payments/stripe/webhook"]["post"]
+    assert operation["security"] == []  # no token: the signature authenticates
+    assert {"200", "400", "404", "409", "422"} <= set(operation["responses"])
+    assert "Stripe-Signature" in operation["description"]

@@ -36,7 +36,11 @@ STRIPE_DEFAULTS: dict[str, Any] = {
     "tolerance_seconds": 300,  # older signed timestamps are refused (replays of old deliveries)
     "timeout_seconds": 10,  # one API call, network included
 }
-
+# Stripe's currencies whose smallest unit is the unit itself (their "cents" are whole yen).
+ZERO_DECIMAL_CURRENCIES = frozenset(
+    {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv", "xaf"}
+    | {"xof", "xpf"}
+)
 # Secrets may stay out of the TOML file, which every hook reads.
 STRIPE_SECRETS_FROM_ENV = {
     "secret_key": "GPUCREDIT_STRIPE_SECRET_KEY",
@@ -81,6 +85,14 @@ class PaymentSettings:
                 },
             )
         return cents
+
+    def credit_price(self) -> str:
+        """What one credit costs, for people: "1.00 USD" (zero-decimal currencies: "100 JPY")."""
+        code = self.currency.upper()
+        if self.currency in ZERO_DECIMAL_CURRENCIES:
+            return f"{self.unit_amount_cents} {code}"
+        whole, cents = divmod(self.unit_amount_cents, 100)
+        return f"{whole}.{cents:02d} {code}"
 
     def ucredits_for(self, cents: int) -> int | None:
         """The credit `cents` buy, or None when they buy no whole micro-credit."""

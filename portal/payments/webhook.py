@@ -32,6 +32,8 @@ from flask import Blueprint, Flask, current_app, jsonify, request
 
 from ledger import api
 from ledger.errors import InvalidInput, NotFound
+from portal.api.registry import Call, endpoint
+from portal.api.schemas import obj, ref
 from portal.payments.providers import PaymentSettings, payment_settings
 from portal.payments.stripe_provider import InvalidEvent, StripeProvider
 from portal.security import csrf
@@ -39,13 +41,21 @@ from portal.store import transaction
 
 log = logging.getLogger("gpucredit.portal.payments")
 bp = Blueprint("payments_webhook", __name__)
-WEBHOOK_PATH = "/api/v1/payments/stripe/webhook"
 PAYING = {"checkout.session.async_payment_succeeded"}
 CANCELLING = {"checkout.session.expired", "checkout.session.async_payment_failed"}
+WEBHOOK_REPLY = obj(
+    ["received"],
+    {
+        "received": {"type": "boolean"},
+        "duplicate": {"type": "boolean", "description": "a replayed event: nothing more was credited"},
+        "ignored": {"type": "string", "description": "why the event changed nothing"},
+        "payment": ref("Payment"),
+    },
+)
 
 
 def init_app(app: Flask) -> None:
-    csrf.exempt(stripe_webhook)
+    csrf.exempt(bp)
     app.register_blueprint(bp)
 
 
@@ -60,8 +70,23 @@ def decide(event_type: str, payment_status: str | None) -> str:
     return "ignore"
 
 
-@bp.route(WEBHOOK_PATH, methods=["POST"])
-def stripe_webhook() -> Any:
+@endpoint(
+    "POST",
+    "/payments/stripe/webhook",
+    tag="payments",
+    summary="Receive a Stripe event",
+    roles=(),
+    raw_body=True,
+    responses={200: WEBHOOK_REPLY},
+    errors=(400, 404, 409, 422),
+    blueprint=bp,
+)
+def stripe_webhook(call: Call) -> Any:
+    """Stripe's checkout events, authenticated by the `Stripe-Signature` header (no
+    token): a missing or wrong signature, or one older than the tolerance, is a 400
+    `invalid_signature`. A paid checkout credits its payment once; a replayed event
+    answers `duplicate: true` and credits nothing; an amount or currency that does
+    not match what was bought is a 422 and credits nothing."""
     settings = payment_settings(current_app)
     if not settings.stripe.webhook_secret:
         raise NotFound("Stripe payments are not configured on this portal")
