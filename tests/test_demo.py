@@ -4,6 +4,7 @@ on its own data, where the printed login works and Ctrl-C stops it cleanly."""
 from __future__ import annotations
 
 import http.cookiejar
+import importlib.util
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
 from tests.served import Server, free_port
 
 
@@ -36,7 +38,7 @@ def test_no_serve_prints_the_site_and_exits(tmp_path: Path) -> None:
 
 
 def test_demo_serves_the_portal_with_the_printed_login(tmp_path: Path) -> None:
-    pytest.importorskip("waitress", reason="the portal extras: pip install -e '.[portal]'")
+    require(importlib.util.find_spec("waitress") is not None, "waitress", "pip install -e '.[portal]'")
     port = free_port()
     server = Server([sys.executable, "-m", "gpucredit.demo", "--port", str(port)], _demo_env(tmp_path))
     server.start()
