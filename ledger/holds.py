@@ -84,6 +84,7 @@ class HoldState:
     started_at: datetime
     expires_at: datetime
     resolved_at: datetime | None
+    output_path: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -325,6 +326,7 @@ def create_hold(
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
     started_at: datetime | None = None,
     submitted_at: datetime | None = None,
+    output_path: str | None = None,
 ) -> HoldState:
     """Reserve credit for one run at effective time `at` (grants active then).
 
@@ -390,6 +392,7 @@ def create_hold(
         amount_ucredits=amount,
         started_at=started_at,
         expires_at=expires_at,
+        output_path=output_path,
     )
     post(
         s,

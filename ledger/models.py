@@ -217,6 +217,8 @@ class Hold(Base):
     expires_at: Mapped[Timestamp]
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     request_hash: Mapped[str] = mapped_column(String(64))
+    # The run's output file as Slurm names it (StdOut): the portal shows its owner the tail.
+    output_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
 
 
 class HoldAllocation(Base):

@@ -475,6 +475,7 @@ class _Hook:
             # With the run, this names the attempt: job ids are reused, SubmitTime is not.
             "submit": _iso(job.submit_time) if job.submit_time is not None else None,
             "nodes": job.num_nodes or _int_env(self.environ, "SLURM_JOB_NUM_NODES") or 1,
+            "stdout": job.fields.get("StdOut") or None,  # the portal shows its owner the tail
         }
         try:
             hold = self.client().call("hold", **request)

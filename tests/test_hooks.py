@@ -381,6 +381,7 @@ def test_prolog_slurmctld_takes_a_hold(
             "start": "2026-12-02T10:00:01Z",
             "submit": "2026-12-02T10:00:00Z",
             "nodes": 1,
+            "stdout": "/home/alice/slurm-5.out",
         }
     ]
     assert slurm.calls == [list(show(5))]

@@ -493,3 +493,34 @@ def test_another_accounts_pages_answer_404_like_a_missing_one(login_as: LoginAs,
     assert get_page(client, "/accounts/chemistry", status=404).one(data_code="not_found").text == get_page(
         client, "/accounts/nosuch", status=404
     ).one(data_code="not_found").text.replace("nosuch", "chemistry")
+
+
+def test_the_job_output_tail_is_shown_to_the_jobs_own_user_only(
+    login_as: LoginAs, client: FlaskClient, portal_db: str, tmp_path
+) -> None:
+    import os
+    import pwd
+
+    from portal.auth import hash_password
+    from tests.conftest_portal import PASSWORD
+
+    me = pwd.getpwuid(os.getuid()).pw_name  # the job's user must own the file on this host
+    output = tmp_path / "slurm-4242.out"
+    output.write_text("".join(f"step {n}\n" for n in range(1, 61)))
+    link = tmp_path / "link.out"
+    link.symlink_to(output)
+    with ledger(portal_db) as s:
+        api.add_member(s, me, "physics")
+        api.set_portal_user(s, me, password_hash=hash_password(PASSWORD))
+        mine = api.create_hold(
+            s, "physics", user=me, job_id=4242, gpus="a100:1", seconds=600, output_path=str(output)
+        )
+        linked = api.create_hold(
+            s, "physics", user=me, job_id=4243, gpus="a100:1", seconds=600, output_path=str(link)
+        )
+    page = get_page(login_as(me), f"/accounts/physics/jobs/{mine.id}")
+    assert page.text("output-tail") == " ".join(f"step {n}" for n in range(11, 61))  # the last 50 lines
+    no_tail = client.get(f"/accounts/physics/jobs/{linked.id}").get_data(as_text=True)
+    assert 'data-testid="output-tail"' not in no_tail  # never through a symlink
+    manager_view = login_as("alice").get(f"/accounts/physics/jobs/{mine.id}").get_data(as_text=True)
+    assert "step 60" not in manager_view  # the manager sees the job, not its output

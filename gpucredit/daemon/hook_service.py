@@ -50,6 +50,7 @@ def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[
         # Slurm's SubmitTime of this attempt: a new job that reuses an old id is not the old job.
         submitted_at=_time(request.get("submit")),
         grace_seconds=grace_seconds,
+        output_path=request.get("stdout") or None,
     )
     return created.as_dict()
 

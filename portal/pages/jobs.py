@@ -20,6 +20,7 @@ from portal.auth import login_required, principal, require_account
 from portal.pages import bp
 from portal.pages.common import choice, own_user, page_size
 from portal.pages.figures import cost_so_far, elapsed_seconds, slurm_duration
+from portal.pages.output import output_tail
 from portal.store import transaction
 
 # Statuses a user can filter by (ledger.history): running, Slurm's final states once
@@ -84,6 +85,7 @@ def job(account: str, hold_id: int) -> Any:
         if record.hold.account != account or (user is not None and record.hold.user != user):
             raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})
         entries = api.hold_entries(s, hold_id)
+    tail = output_tail(record.hold.output_path, who.user) if who.user == record.hold.user else None
     for entry in entries:
         entry["label"] = _entry_label(entry)
     return render_template(
@@ -93,6 +95,8 @@ def job(account: str, hold_id: int) -> Any:
         job=job_row(record, now),
         entries=entries,
         now=format_time(now),
+        output_path=record.hold.output_path if tail is not None else None,
+        output_tail=tail,
     )
 
 

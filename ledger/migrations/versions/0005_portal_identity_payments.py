@@ -1,6 +1,7 @@
 """The portal's rows: member roles, portal logins, API tokens, payments and their events.
 
 Members get a role (`member`, or `manager` for a PI); existing members stay members.
+Holds keep the run's output file (Slurm's StdOut), so the portal can show its tail.
 
 Revision ID: 0005
 Revises: 0004
@@ -16,6 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.add_column("holds", sa.Column("output_path", sa.String(1024), nullable=True))
     with op.batch_alter_table("members") as batch_op:
         batch_op.add_column(sa.Column("role", sa.String(16), nullable=False, server_default="member"))
         batch_op.create_check_constraint("role", "role IN ('member', 'manager')")
@@ -85,3 +87,4 @@ def downgrade() -> None:
     with op.batch_alter_table("members") as batch_op:
         batch_op.drop_constraint("ck_members_role", type_="check")
         batch_op.drop_column("role")
+    op.drop_column("holds", "output_path")
