@@ -9,8 +9,7 @@ input) and the path's values.
 
 Another area serves an operation under /api/v1 through the same decorator, on its own
 blueprint (`blueprint=`, which must have no url_prefix): `roles=()` for one that takes
-no token, `raw_body=True` to read the request body itself. An operation already served
-by a plain Flask route is described with `document(...)` instead.
+no token, `raw_body=True` to read the request body itself.
 """
 
 from __future__ import annotations
@@ -233,39 +232,6 @@ def endpoint(
         return view
 
     return register
-
-
-def document(
-    method: str,
-    path: str,
-    *,
-    operation_id: str,
-    tag: str,
-    summary: str,
-    description: str,
-    responses: Mapping[int, Schema],
-    headers: Mapping[str, Schema] | None = None,
-    body: Schema | None = None,
-    errors: tuple[int, ...] = (),
-) -> None:
-    """Describe an operation that takes no token and that another area serves with a
-    route of its own; the document lists it while the app serves that path."""
-    _record(
-        Operation(
-            method=method.lower(),
-            path=path,
-            operation_id=operation_id,
-            tag=tag,
-            summary=summary,
-            description=description,
-            roles=(),
-            responses=responses,
-            headers=headers or {},
-            body=body,
-            raw_body=True,
-            errors=errors,
-        )
-    )
 
 
 def _record(operation: Operation) -> None:
