@@ -197,6 +197,7 @@ def test_a_pi_buys_credit_through_stripe_and_sees_it(
     page.goto(paid["success_url"])
     expect(page.locator(".payment-state")).to_have_attribute("data-state", "paid")
     expect(page.locator(".payment-state")).to_contain_text("150.00 credits available")
+    assert page.errors == []
 
 
 def test_a_pi_reads_jobs_and_usage_and_downloads_the_csv(page: Any) -> None:
@@ -241,3 +242,5 @@ def test_a_pi_reads_jobs_and_usage_and_downloads_the_csv(page: Any) -> None:
     rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
     assert {row["gres"]: [row["charged"], row["gpu_seconds"], row["jobs"]] for row in rows} == shown
     assert shown["h100"][0] == "3.60"
+    # Every page obeyed the portal's Content-Security-Policy (no inline style or script).
+    assert page.errors == []
