@@ -35,9 +35,10 @@ from gpucredit.daemon.server import Daemon
 from ledger import api, cli_support, jobruns
 from ledger.config import load_config
 from ledger.db import make_engine, make_sessionmaker
+from ledger.timeutil import utcnow
 from portal import ood
 from portal.ood import ood_document
-from tests.conftest_portal import Site, bearer, make_app
+from tests.conftest_portal import Site, bearer, make_app, seed_site
 from tests.fakedaemon import sockdir as sockdir
 from tests.test_daemon import NO_VAL, PARTITIONS, sinfo_runner
 
@@ -532,3 +533,20 @@ def test_an_entry_committed_after_a_newer_one_is_still_counted(pg_url: str) -> N
         assert counter._gaps == {}
     finally:
         engine.dispose()
+
+
+def test_the_site_figures_on_both_stores(db_url: str) -> None:
+    seed_site(db_url)
+    with ledger_tx(db_url) as s:
+        totals = {t.account: t for t in api.account_totals(s, utcnow())}
+        charges = sums(api.ChargeCounter().read(s))
+        assert api.memberships(s) == [("alice", "physics"), ("bob", "physics"), ("carol", "chemistry")]
+        assert api.last_usage_charge_at(s) is None
+    assert {name: (t.available_ucredits, t.held_ucredits, t.active_holds) for name, t in totals.items()} == {
+        "chemistry": (39_000_000, 0, 0),
+        "physics": (100_000_000, 14_400_000, 1),
+    }
+    assert charges == {
+        "accounts": {"physics": (5_600_000, 0), "chemistry": (1_000_000, 0)},
+        "gres": {("h100", "none"): (3_600_000, 3600), ("a100", "none"): (3_000_000, 5400)},
+    }
