@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -179,7 +179,6 @@ class PortalMetrics:
 
 def in_transaction(sessions: Any) -> Sessions:
     """`sessions` (a sessionmaker) as a factory of sessions, each in one transaction."""
-    from contextlib import contextmanager
 
     @contextmanager
     def transaction() -> Iterator[Session]:
