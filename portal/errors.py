@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, jsonify, make_response, render_template, request
 from flask_limiter.errors import RateLimitExceeded
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
@@ -66,7 +66,13 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException) -> Any:
         status = error.code or 500
-        return error_response(status, HTTP_CODES.get(status, "error"), error.description or error.name)
+        response = make_response(
+            error_response(status, HTTP_CODES.get(status, "error"), error.description or error.name)
+        )
+        for name, value in error.get_headers():  # Allow on a 405 (RFC 9110), Retry-After, ...
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> Any:
