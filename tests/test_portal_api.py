@@ -517,7 +517,7 @@ def test_a_bad_top_up_is_a_422_naming_the_field_and_changes_nothing(call: Caller
     assert call.balance("physics") == ("100.00", "14.40")
 
 
-BAD_HOLDS = [
+BAD_HOLDS: list[tuple[dict[str, Any], str]] = [
     ({"job_id": "1008"}, "job_id"),
     ({"job_id": 0}, "job_id"),
     ({"job_id": True}, "job_id"),
@@ -649,8 +649,8 @@ def test_usage_in_a_window_counts_only_charges_in_it(call: Caller) -> None:
     window = f"from={format_time(start + timedelta(hours=4))}&to={format_time(start + timedelta(hours=12))}"
     rows = call("GET", f"/accounts/physics/usage?group_by=user&{window}", "alice").get_json()["items"]
     assert rows == [{"user": "bob", "charged": "2.00", "gpu_seconds": 3600, "jobs": 1}]
-    backwards = f"from={format_time(start)}&to={format_time(start - timedelta(days=1))}"
-    backwards = call("GET", f"/accounts/physics/usage?{backwards}", "alice")
+    reversed_window = f"from={format_time(start)}&to={format_time(start - timedelta(days=1))}"
+    backwards = call("GET", f"/accounts/physics/usage?{reversed_window}", "alice")
     assert (backwards.status_code, error(backwards)["code"]) == (422, "invalid_time")
 
 
@@ -697,8 +697,8 @@ def test_a_walk_through_the_pages_sees_every_item_exactly_once(
     assert seen == whole["items"]
 
 
-def test_a_bad_page_request_is_a_422(call: Caller) -> None:
-    for query in ("limit=0", "limit=501", "limit=ten", "cursor=abc", "cursor=-1"):
+def test_a_bad_page_request_or_an_unknown_parameter_is_a_422(call: Caller) -> None:
+    for query in ("limit=0", "limit=501", "limit=ten", "cursor=abc", "cursor=-1", "limt=5"):
         response = call("GET", f"/holds?{query}", "admin")
         assert response.status_code == 422, query
         assert error(response)["details"]["field"] == query.split("=")[0]

@@ -280,9 +280,13 @@ def _prepare(operation: Operation) -> Call:
                 f"a {who.role} token may not {operation.summary[0].lower()}{operation.summary[1:]}",
                 details={"role": who.role, "roles": list(operation.roles)},
             )
+    declared = operation.query_parameters()
+    for name in request.args:
+        if name not in declared:  # a misspelt ?limt= would otherwise be ignored in silence
+            raise refuse(name, "is not a query parameter of this operation")
     query = {
         name: from_text(request.args[name], schema, COMPONENTS, name)
-        for name, schema in operation.query_parameters().items()
+        for name, schema in declared.items()
         if name in request.args
     }
     for name, schema in operation.headers.items():
