@@ -2,7 +2,7 @@
 
 `@endpoint(...)` registers the route and records the operation, so the document at
 GET /api/v1/openapi.json is generated from the code and cannot drift from it: the
-token roles an operation admits are enforced here, its query, headers and body are
+token roles an operation admits are enforced here, its query, Idempotency-Key and body are
 checked against the schemas the document shows (`portal.api.checks`), and its
 docstring is its description. A view receives a `Call` (who is asking and the checked
 input) and the path's values.
@@ -100,7 +100,6 @@ class Operation:
     roles: tuple[str, ...]  # token roles admitted; () takes no token
     responses: Mapping[int, Schema]
     query: Mapping[str, Schema] = field(default_factory=dict)
-    headers: Mapping[str, Schema] = field(default_factory=dict)  # required request headers
     body: Schema | None = None
     raw_body: bool = False
     idempotency: str | None = None  # "optional" | "required"
@@ -114,11 +113,9 @@ class Operation:
 
     def statuses(self) -> list[int]:
         """Every error status this operation can answer."""
-        found = set(self.errors)
+        found = set(self.errors) | {422}  # an unknown query parameter, at least
         if self.roles:
             found |= {401, 403, 429}
-        if self.query or self.body is not None or self.idempotency or self.paginated or self.headers:
-            found.add(422)
         if self.idempotency:
             found.add(409)
         if "{hold_id}" in self.path or "{account}" in self.path:
@@ -131,9 +128,6 @@ class Operation:
             for name in _path_names(self.path)
         ]
         parameters += [{"name": n, "in": "query", "schema": s} for n, s in self.query_parameters().items()]
-        parameters += [
-            {"name": n, "in": "header", "required": True, "schema": s} for n, s in self.headers.items()
-        ]
         if self.idempotency:
             parameters.append(
                 {
@@ -192,7 +186,6 @@ def endpoint(
     roles: tuple[str, ...],
     responses: Mapping[int, Schema],
     query: Mapping[str, Schema] | None = None,
-    headers: Mapping[str, Schema] | None = None,
     body: Schema | None = None,
     raw_body: bool = False,
     idempotency: str | None = None,
@@ -214,7 +207,6 @@ def endpoint(
             roles=roles,
             responses=responses,
             query=query or {},
-            headers=headers or {},
             body=body,
             raw_body=raw_body,
             idempotency=idempotency,
@@ -289,10 +281,6 @@ def _prepare(operation: Operation) -> Call:
         for name, schema in declared.items()
         if name in request.args
     }
-    for name, schema in operation.headers.items():
-        if name not in request.headers:
-            raise refuse(name, "is required")
-        from_text(request.headers[name], schema, COMPONENTS, name)
     key = None
     if operation.idempotency:
         key = request.headers.get("Idempotency-Key")
