@@ -73,6 +73,7 @@ class FakeStripe:
         self.secret_key = secret_key
         self.sessions: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []  # the parameters of each session created
+        self.by_idempotency_key: dict[str, tuple[str, dict[str, Any]]] = {}  # key -> (body, response)
         self.unexpected: list[str] = []
         self.refuse_next: StripeRefusal | None = None  # the next session to create is refused so
         self.refused: StripeRefusal | None = None
@@ -132,7 +133,13 @@ class FakeStripe:
         try:
             if handler.headers.get("Authorization") != f"Bearer {self.secret_key}":
                 raise StripeRefusal(401, "Invalid API Key provided", "authentication_error")
-            status, reply = self._route(method, handler.path, handler.headers.get("Content-Type", ""), body)
+            status, reply = self._route(
+                method,
+                handler.path,
+                handler.headers.get("Content-Type", ""),
+                body,
+                handler.headers.get("Idempotency-Key"),
+            )
         except StripeRefusal as refusal:
             if refusal is not self.refused:
                 with self._lock:
@@ -149,7 +156,9 @@ class FakeStripe:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def _route(self, method: str, path: str, content_type: str, body: str) -> tuple[int, dict[str, Any]]:
+    def _route(
+        self, method: str, path: str, content_type: str, body: str, idempotency_key: str | None
+    ) -> tuple[int, dict[str, Any]]:
         if method == "POST" and path == "/v1/checkout/sessions":
             if not content_type.startswith("application/x-www-form-urlencoded"):
                 raise StripeRefusal(400, f"unexpected Content-Type {content_type!r}")
@@ -157,7 +166,18 @@ class FakeStripe:
                 if self.refuse_next is not None:
                     self.refused, self.refuse_next = self.refuse_next, None
                     raise self.refused
-            return 200, self._create_session(decode_form(body))
+                first = self.by_idempotency_key.get(idempotency_key or "")
+            if first is not None:  # Stripe replays the first response to a repeated key
+                if first[0] != body:
+                    raise StripeRefusal(
+                        400, "Keys for idempotent requests can only be used with the same parameters"
+                    )
+                return 200, dict(first[1])
+            session = self._create_session(decode_form(body))
+            if idempotency_key:
+                with self._lock:
+                    self.by_idempotency_key[idempotency_key] = (body, session)
+            return 200, session
         match = re.fullmatch(r"/v1/checkout/sessions/(cs_test_\w+)", path)
         if method == "GET" and match:
             with self._lock:

@@ -99,19 +99,19 @@ def test_a_cancelled_invoice_credits_nothing_and_cannot_be_paid(app: Flask) -> N
 
 
 def test_start_topup_replays_one_key_and_refuses_a_fraction_of_a_cent(app: Flask) -> None:
-    with app.test_request_context(), transaction() as s:
+    with app.test_request_context():
         first = start_topup(
-            s, account="physics", amount="12.5", requested_by="bob", idempotency_key="api-1", return_url=None
+            account="physics", amount="12.5", requested_by="bob", idempotency_key="api-1", return_url=None
         )
         again = start_topup(
-            s, account="physics", amount="12.5", requested_by="bob", idempotency_key="api-1", return_url=None
+            account="physics", amount="12.5", requested_by="bob", idempotency_key="api-1", return_url=None
         )
     assert first == again
     assert first["checkout_url"] is None
     assert (first["payment"]["amount"], first["payment"]["state"]) == ("12.50", "pending")
-    with app.test_request_context(), transaction() as s, pytest.raises(InvalidInput) as refused:
+    with app.test_request_context(), pytest.raises(InvalidInput) as refused:
         start_topup(
-            s, account="physics", amount="0.001", requested_by="bob", idempotency_key=None, return_url=None
+            account="physics", amount="0.001", requested_by="bob", idempotency_key=None, return_url=None
         )
     assert refused.value.code == "invalid_amount"
     assert len(payments(app)) == 1
@@ -355,7 +355,8 @@ def test_stripe_refusing_the_checkout_opens_nothing(stripe_app: Flask, fake_stri
     response = request_topup(user_client(stripe_app, "alice"), "physics", "0.10")
     assert response.status_code == 502
     assert "Amount must convert to at least 50 cents." in response.get_data(as_text=True)
-    assert payments(stripe_app) == []
+    assert [p["state"] for p in payments(stripe_app)] == ["cancelled"]  # nobody can pay it
+    assert available(stripe_app) == "100.00"
 
 
 def test_admins_leave_stripe_payments_to_stripe(stripe_app: Flask, fake_stripe: FakeStripe) -> None:
@@ -376,3 +377,26 @@ def test_the_webhook_is_in_the_openapi_document(app: Flask) -> None:
     assert operation["security"] == []  # no token: the signature authenticates
     assert {"200", "400", "404", "409", "422"} <= set(operation["responses"])
     assert "Stripe-Signature" in operation["description"]
+
+
+def test_a_checkout_retried_after_a_crash_is_the_same_stripe_session(
+    stripe_app: Flask, fake_stripe: FakeStripe
+) -> None:
+    """The session is created outside the ledger's transaction; if the portal dies before
+    it names the session on the payment, the retry must not open a second one."""
+    from portal.payments import payment_page_url
+    from portal.payments.providers import payment_settings, provider_for
+
+    with stripe_app.test_request_context():
+        started = start_topup(
+            account="physics", amount="20", requested_by="alice", idempotency_key="k1", return_url=None
+        )
+        with transaction() as s:
+            unnamed = {**api.get_payment(s, started["payment"]["id"]), "external_id": None}
+        stripe = provider_for("stripe", payment_settings(stripe_app))
+        back = payment_page_url(unnamed)  # the same request the first attempt sent
+        again = stripe.start(
+            unnamed, success_url=f"{back}?checkout=success", cancel_url=f"{back}?checkout=cancelled"
+        )
+    assert again.external_id == started["payment"]["external_id"]
+    assert len(fake_stripe.created) == 1

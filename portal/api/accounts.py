@@ -19,6 +19,7 @@ from portal.api.paging import by_id, by_position
 from portal.api.registry import Call, body_schema, endpoint
 from portal.api.schemas import CREDITS_IN, HOLD_STATE, NAME, TEXT, TIME, nullable, ref
 from portal.auth import Forbidden, accounts_of
+from portal.payments import start_topup  # the payments area owns providers
 from portal.store import transaction
 
 USERS = ("user", "admin")
@@ -116,17 +117,16 @@ def topup(call: Call, account: str) -> Any:
         named = [name for name in ADMIN_ONLY_TOPUP_FIELDS if name in body]
         if named:
             raise Forbidden(f"only an admin may set {', '.join(named)}", details={"fields": named})
-        from portal.payments import start_topup  # the payments area owns providers
-
-        result = start_topup(
-            s,
+    return (
+        start_topup(
             account=account,
             amount=body["amount"],
             requested_by=who.user,
             idempotency_key=call.idempotency_key,
             return_url=body.get("return_url"),
-        )
-    return result, 201
+        ),
+        201,
+    )
 
 
 @endpoint(

@@ -10,18 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from flask import current_app, request, url_for
-from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import InvalidInput
 from ledger.money import parse_credits
-from portal.payments.providers import payment_settings, provider_for
+from portal.payments.providers import PaymentProviderError, payment_settings, provider_for
+from portal.store import transaction
 
 __all__ = ["start_topup"]
 
 
 def start_topup(
-    s: Session,
     *,
     account: str,
     amount: str,
@@ -32,9 +31,10 @@ def start_topup(
     """Open a pending payment of `amount` credits for `account` and start paying it.
 
     Returns {"payment": ..., "checkout_url": address to pay at, or None for an
-    invoice}. The caller has checked that `requested_by` may top up `account`, and
-    owns the transaction: the checkout address is good once it commits. A replay
-    (same idempotency key and body) returns the same payment and address.
+    invoice}. The caller has checked that `requested_by` may top up `account`. Three
+    steps, so no ledger lock is held while the provider answers over the network:
+    open the payment (committed), start the checkout, name it on the payment. A
+    replay (same idempotency key and body) returns the same payment and address.
     `return_url`: where the payer lands after the checkout (default: the payment's
     page in the portal).
     """
@@ -46,25 +46,33 @@ def start_topup(
             code="invalid_return_url",
             details={"return_url": return_url},
         )
-    opened = api.open_payment(
-        s,
-        account,
-        amount,
-        provider=settings.provider,
-        requested_by=requested_by,
-        idempotency_key=idempotency_key,
-    )
-    payment = api.get_payment(s, opened["id"])  # a replay returns the payment as first opened
+    with transaction() as s:
+        opened = api.open_payment(
+            s,
+            account,
+            amount,
+            provider=settings.provider,
+            requested_by=requested_by,
+            idempotency_key=idempotency_key,
+        )
+        payment = api.get_payment(s, opened["id"])  # a replay returns the payment as first opened
     if payment["state"] != "pending":
         return {"payment": payment, "checkout_url": None}
     back = return_url or payment_page_url(payment)
-    checkout_url = provider_for(payment["provider"], settings).start(
-        s,
-        payment,
-        success_url=return_url or f"{back}?checkout=success",
-        cancel_url=return_url or f"{back}?checkout=cancelled",
-    )
-    return {"payment": api.get_payment(s, payment["id"]), "checkout_url": checkout_url}
+    try:
+        checkout = provider_for(payment["provider"], settings).start(
+            payment,
+            success_url=return_url or f"{back}?checkout=success",
+            cancel_url=return_url or f"{back}?checkout=cancelled",
+        )
+    except PaymentProviderError:
+        with transaction() as s:  # nobody was given a way to pay it: it will never be paid
+            api.cancel_payment(s, payment["id"])
+        raise
+    if checkout.external_id is not None and payment["external_id"] is None:
+        with transaction() as s:
+            payment = api.set_external_id(s, payment["id"], checkout.external_id)
+    return {"payment": payment, "checkout_url": checkout.url}
 
 
 def payment_page_url(payment: dict[str, Any]) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session
+from portal.payments.providers import Checkout
 
 
 class ManualProvider:
     name = "manual"
 
-    def start(self, s: Session, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> None:
+    def start(self, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> Checkout:
         """Nothing to visit: the invoice number is the payment's id."""
-        return None
+        return Checkout(None)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flask import Flask
-from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput, LedgerError
 from ledger.money import format_credits
@@ -129,16 +128,23 @@ def payment_settings(app: Flask) -> PaymentSettings:
     )
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """Where the buyer pays (None: nothing to visit, e.g. an invoice), and the
+    provider's name for it (stored on the payment)."""
+
+    url: str | None
+    external_id: str | None = None
+
+
 class Provider(Protocol):
-    """Starts paying one pending payment."""
+    """Starts paying one pending payment. It runs outside any ledger transaction: a
+    slow provider must never hold an account's lock (or SQLite's write lock)."""
 
     name: str
 
-    def start(self, s: Session, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> str | None:
-        """The address the buyer pays at (None: nothing to visit, e.g. an invoice).
-
-        Called again for a payment it started (a replayed request): the same address.
-        """
+    def start(self, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> Checkout:
+        """Called again for a payment it started (a replayed request): the same checkout."""
         ...
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import stripe
-from sqlalchemy.orm import Session
 
-from ledger import api
 from ledger.errors import LedgerError
 from ledger.money import parse_credits
-from portal.payments.providers import PaymentProviderError, PaymentSettings
+from portal.payments.providers import Checkout, PaymentProviderError, PaymentSettings
 
 
 class InvalidSignature(LedgerError):
@@ -50,23 +48,24 @@ class StripeProvider:
             max_network_retries=1,  # safe: the library sends an Idempotency-Key with each POST
         )
 
-    def start(self, s: Session, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> str | None:
-        """Create the payment's Checkout Session (or find the one it has) and return
-        its address; None once the session is no longer open."""
+    def start(self, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> Checkout:
+        """The payment's Checkout Session: created once (Stripe's own idempotency key is
+        the payment id, so a retry after a crash gets the same session back) or found
+        again; no address once the session is no longer open."""
         try:
             if payment["external_id"]:
                 session = self._client().v1.checkout.sessions.retrieve(payment["external_id"])
             else:
                 session = self._client().v1.checkout.sessions.create(
-                    self._session_params(payment, success_url=success_url, cancel_url=cancel_url)
+                    self._session_params(payment, success_url=success_url, cancel_url=cancel_url),
+                    {"idempotency_key": f"gpucredit-payment-{payment['id']}"},
                 )
-                api.set_external_id(s, payment["id"], session.id)
         except stripe.StripeError as error:
             raise PaymentProviderError(
                 f"Stripe refused or did not answer: {error.user_message or error}",
                 details={"payment_id": payment["id"]},
             ) from None
-        return session.url if session.status == "open" else None
+        return Checkout(session.url if session.status == "open" else None, session.id)
 
     def _session_params(self, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> Any:
         cents = self.settings.cents_for(parse_credits(payment["amount"]))

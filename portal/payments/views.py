@@ -54,15 +54,13 @@ def topup(account: str) -> Any:
         return _topup_page(account, payments, settings)
     amount = request.form.get("amount", "").strip()
     try:
-        with transaction() as s:
-            started = start_topup(
-                s,
-                account=account,
-                amount=amount,
-                requested_by=who.user,
-                idempotency_key=_form_key(),
-                return_url=None,
-            )
+        started = start_topup(
+            account=account,
+            amount=amount,
+            requested_by=who.user,
+            idempotency_key=_form_key(),
+            return_url=None,
+        )
     except (InvalidInput, Conflict, PaymentProviderError) as error:
         flash(error.message, "error")
         return _topup_page(account, payments, settings, amount=amount), error.http_status
