@@ -31,7 +31,7 @@ lint: venv
 	$(BIN)/ruff format --check ledger
 
 typecheck: venv
-	$(BIN)/mypy ledger gpucredit
+	$(BIN)/mypy ledger gpucredit portal
 
 test: venv lint typecheck
 	$(BIN)/python -m pytest
