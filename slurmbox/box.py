@@ -1,7 +1,8 @@
 """A Slurm 22.05 cluster in a box: how an admin tries gpucredit, and its end-to-end test bed.
 
-One host runs munged, (MariaDB,) slurmdbd, slurmctld and two slurmd (`node1`,
-`node2`, each with fake GPUs a100×2 and h100×2) -- the recipe measured in
+One host runs munged, (MariaDB,) slurmdbd, slurmctld and three slurmd (`node1`,
+`node2`: partition onprem; `node3`: partition cloud; each with fake GPUs a100×2 and
+h100×2) -- the recipe measured in
 docs/slurm-facts.md §1-§3. Needs root and Debian 12's Slurm packages
 (installed on first use).
 
@@ -64,9 +65,10 @@ STATE_DIR = Path("/var/lib/gpucredit-box")  # Slurm state (wiped by down), fake 
 LOG_DIR = Path("/var/log/gpucredit-box")
 JOB_DIR = Path("/tmp/gpucredit-box-jobs")  # sbatch's cwd: job output lands here
 FAKE_GPU_DIR = STATE_DIR / "fakegpu"  # must match conf/slurm/gres.conf
-FAKE_GPUS = 8
-NODES = ("node1", "node2")
-# One CPU per GPU, so 8 one-GPU jobs run at once (slurm.conf has config_overrides).
+FAKE_GPUS = 12
+# node3 alone is partition cloud (docs/routing.md): on-prem GPUs can be busy while cloud's are free.
+NODES = ("node1", "node2", "node3")
+# One CPU per GPU, so each GPU can run a one-GPU job at once (slurm.conf has config_overrides).
 CPUS_PER_NODE = 4
 GRES_TYPES = ("a100", "h100")
 DB_NAME = "slurm_acct_db"
