@@ -37,6 +37,7 @@ def _build() -> object:
     from accounting_bridge.agent import agent_command
     from accounting_bridge.associations import import_slurm_command
     from accounting_bridge.cli import bridge
+    from accounting_bridge.fairshare_cli import fairshare
     from accounting_bridge.meter import meter_command
     from ledger.cli import COMMANDS, account_group
     from portal.cli import COMMANDS as PORTAL_COMMANDS
@@ -48,7 +49,7 @@ def _build() -> object:
 
     account_group.add_command(import_slurm_command)
     bridge.add_command(meter_command)
-    for command in [*COMMANDS, *PORTAL_COMMANDS, slurm, bridge, agent_command, _daemon_command()]:
+    for command in [*COMMANDS, *PORTAL_COMMANDS, slurm, bridge, fairshare, agent_command, _daemon_command()]:
         root.add_command(command)  # type: ignore[arg-type]
     return root
 

@@ -36,8 +36,10 @@ from ledger.accounts import (
 )
 from ledger.balance import account_summary, balance
 from ledger.charge_counter import ChargeCounter, ChargeTotals
+from ledger.credit_use import CreditUse, credit_use, parse_share
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.errors import InvalidInput, NotFound
+from ledger.fairness_inputs import FairnessInputs, fairness_inputs
 from ledger.grants import DEFAULT_PRIORITY
 from ledger.history import (
     JobRecord,
@@ -99,6 +101,7 @@ from ledger.prices import (
 )
 from ledger.quotes import Estimate, estimate, quote
 from ledger.reports import usage_report
+from ledger.routing import CostLimit, PartitionOption, Route, RoutingConfig, candidate_partitions, route
 from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
 from ledger.totals import AccountTotals, account_totals, last_usage_charge_at, memberships
@@ -110,10 +113,16 @@ __all__ = [
     "CapOverrun",
     "ChargeCounter",
     "ChargeTotals",
+    "CostLimit",
+    "CreditUse",
     "Estimate",
+    "FairnessInputs",
     "HoldState",
     "JobRecord",
+    "PartitionOption",
     "PriceTable",
+    "Route",
+    "RoutingConfig",
     "RunningTotals",
     "Snapshot",
     "SnapshotKeeper",
@@ -129,6 +138,7 @@ __all__ = [
     "authenticate_token",
     "balance",
     "cancel_payment",
+    "candidate_partitions",
     "charge_entries",
     "charge_for",
     "charge_usage",
@@ -136,11 +146,13 @@ __all__ = [
     "create_account",
     "create_hold",
     "create_token",
+    "credit_use",
     "daily_cap_overruns",
     "efficiency_report",
     "ensure_account",
     "entries_t",
     "estimate",
+    "fairness_inputs",
     "find_active_hold",
     "find_hold",
     "find_job_holds",
@@ -167,6 +179,7 @@ __all__ = [
     "members",
     "memberships",
     "open_payment",
+    "parse_share",
     "portal_user",
     "price_versions",
     "quote",
@@ -177,6 +190,7 @@ __all__ = [
     "reserve",
     "revoke_token",
     "roles_of",
+    "route",
     "running_totals",
     "set_external_id",
     "set_limits",

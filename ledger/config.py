@@ -28,7 +28,25 @@ DEFAULTS: dict[str, Any] = {
         "top_up_hint": None,
         "slurm_refresh_seconds": 60.0,  # how often the daemon re-reads partitions (sinfo)
     },
-    "policy": {"on_ledger_unreachable": "reject", "refund_node_fail": True, "epilog_grace_seconds": 300},
+    "policy": {
+        "on_ledger_unreachable": "reject",
+        "refund_node_fail": True,
+        "epilog_grace_seconds": 300,
+        "warn_at_used_share": 0.8,  # an accepted job's message warns from this share of credit used
+    },
+    # Partition sites and accounts' default cost limits for routing (docs/routing.md).
+    "partitions": {},  # NAME: {"site": "onprem" | "cloud"}
+    "routing": {"accounts": {}},  # NAME: {"max_cost": "25", "cloud": True}
+    # Slurm shares from credit (docs/fairshare.md): funded in the last funded_days, less
+    # damping_percent of what was spent in the last spent_days; a funded account gets at
+    # least floor_percent of the mean; each member starts at member_shares.
+    "fairshare": {
+        "funded_days": 90,
+        "spent_days": 7,
+        "damping_percent": 50,
+        "floor_percent": 10,
+        "member_shares": 100,
+    },
     "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
     "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
     "portal": {"host": "127.0.0.1", "port": 8080, "url": None},  # url: public address, shown in refusals

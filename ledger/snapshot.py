@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.accounts import Limits, limits_t
 from ledger.balance import available_credit
+from ledger.credit_use import CreditUse, credit_in_force
 from ledger.errors import NotFound
 from ledger.journal import accounts_t, entries_t
 from ledger.prices import PriceTable, load_price_table, prices_t
@@ -44,6 +45,11 @@ class Snapshot:
     prices: PriceTable = field(default_factory=lambda: PriceTable(()))
     available_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> now
     limits: Mapping[tuple[str, str | None], Limits] = field(default_factory=dict)  # (account, user)
+    credit_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> granted, active now
+
+    def credit_use(self, account: str) -> CreditUse:
+        """How much of `account`'s current credit is used (ledger.credit_use)."""
+        return CreditUse(account, self.credit_ucredits.get(account, 0), self.available_ucredits[account])
 
     def estimate(
         self,
@@ -103,6 +109,7 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
             )
         }
         available = available_credit(s, now)
+        granted = credit_in_force(s, now)
         limits = {
             (names[r.account_id], r.user): Limits(
                 r.max_gpus, r.max_rate_ucredits_per_second, r.daily_cap_ucredits
@@ -119,6 +126,7 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
             names[account_id]: credit for account_id, credit in available.items() if account_id in names
         },
         limits=limits,
+        credit_ucredits={names[i]: total for i, total in granted.items() if i in names},
     )
 
 

@@ -11,6 +11,9 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
   ``GRES=gpu:a100:2(IDX:0-1)``, squeue's ``gres_detail``, sinfo's ``%G``
   ``gpu:a100:2(S:0)`` (:func:`gpu_gres`, :func:`gres_gpus`,
   :func:`gres_gpu_indices`, :func:`parse_sinfo_gpu_types`).
+* ``--noheader --parsable2`` tables (sacctmgr, sshare): rows of named fields
+  (:func:`parse_parsable`); an association's fairshare, ``7`` or ``parent``
+  (:func:`parse_raw_shares`).
 * Times: the local ``YYYY-MM-DDTHH:MM:SS`` scontrol and sacct print and take,
   ``Unknown``/``None`` (:func:`parse_time`, :func:`format_time`); JSON epochs
   (:func:`time_from_epoch`).
@@ -65,6 +68,8 @@ __all__ = [
     "parse_index_list",
     "parse_job_spec",
     "parse_limit_minutes",
+    "parse_parsable",
+    "parse_raw_shares",
     "parse_sinfo_gpu_types",
     "parse_time",
     "parse_tres",
@@ -575,3 +580,34 @@ def comment_text(message: str) -> str:
     if len(text) > room:
         text = text[: room - 3] + "..."
     return COMMENT_PREFIX + text
+
+
+def parse_parsable(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
+    """``--noheader --parsable2`` output (one row per line, ``|`` between fields) -> one
+    dict per row keyed by `fields`, values as printed. A line with another number of
+    fields raises SlurmTextError; blank lines are skipped. For tables without free text
+    (sacctmgr's and sshare's names cannot hold ``|``); sshare indents Account by depth,
+    and the spaces are kept.
+
+    >>> parse_parsable("physics|alice|7", ("account", "user", "fairshare"))
+    [{'account': 'physics', 'user': 'alice', 'fairshare': '7'}]
+    """
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(fields):
+            raise SlurmTextError(f"line {number} has {len(values)} fields, expected {len(fields)}: {line!r}")
+        rows.append(dict(zip(fields, values, strict=True)))
+    return rows
+
+
+def parse_raw_shares(text: str) -> int | None:
+    """An association's fairshare as sacctmgr and sshare print it: ``7`` -> 7, ``parent``
+    (it competes with its parent's share) -> None."""
+    if text == "parent":
+        return None
+    if not _is_digits(text):
+        raise SlurmTextError(f"fairshare {text!r} is neither a number nor 'parent'")
+    return int(text)
