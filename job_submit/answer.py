@@ -10,29 +10,20 @@ The authoritative hold is PrologSlurmctld's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from datetime import datetime
+from collections.abc import Mapping
+from fractions import Fraction
 
+from job_submit.pricing import PartitionTypes, job_text, typed_gpus
 from job_submit.request import InvalidRequest, JobRequest, parse_submit
-from ledger.api import Snapshot
+from job_submit.route_answer import NoTimeLimit, answer_routed
+from ledger.api import RoutingConfig, Snapshot
 from ledger.errors import LedgerError, NotFound
 from ledger.money import format_credits
 from ledger.timeutil import utcnow
 
 TAG = "gpucredit"
-
-
-def describe_duration(seconds: int) -> str:
-    if seconds % 3600 == 0:
-        return f"{seconds // 3600} h"
-    if seconds % 60 == 0:
-        minutes = seconds // 60
-        return f"{minutes // 60} h {minutes % 60} min" if minutes > 60 else f"{minutes} min"
-    return f"{seconds} s"
-
-
-def _gpu_text(gpus: Mapping[str, int]) -> str:
-    return " + ".join(f"{n}×{gres}" for gres, n in sorted(gpus.items()))
+NO_TIME_LIMIT = "GPU jobs need a time limit to be priced: submit with -t [D-]HH:MM:SS"
+NO_ROUTING = RoutingConfig({}, {})
 
 
 def submit(
@@ -40,14 +31,19 @@ def submit(
     fields: Mapping[str, object],
     *,
     top_up_hint: str,
-    partition_types: Callable[[str | None], list[str] | None],
+    partition_types: PartitionTypes,
+    routing: RoutingConfig = NO_ROUTING,
+    warn_at_used_share: Fraction | None = None,
 ) -> dict[str, str]:
-    """Decide on one submission. Returns {"decision": "accept"|"reject", "message": ...}.
+    """Decide on one submission. Returns {"decision": "accept"|"reject", "message": ...},
+    and for a routed job (one with a cost limit or allowed to the cloud, see
+    job_submit.route_answer) the "partition" and "comment" job_submit.lua sets.
 
     `top_up_hint` ends a refusal for credit; "{account}" in it becomes the account.
     `partition_types(partition)` is the GPU types the partition offers, or None while
     the daemon has not read them from Slurm yet (untyped GPUs are then estimated at
-    the dearest priced type, and the message says so).
+    the dearest priced type, and the message says so). An accepted job's message ends
+    with a warning once its account has used `warn_at_used_share` of its credit.
     """
     try:
         request = parse_submit(fields)
@@ -58,9 +54,29 @@ def submit(
     if request.account is None:
         return _reject("no account: submit with -A ACCOUNT")
     if request.time_limit_seconds is None:
-        return _reject("GPU jobs need a time limit to be priced: submit with -t [D-]HH:MM:SS")
+        return _reject(NO_TIME_LIMIT)
     try:
-        return _estimate(snapshot, request, top_up_hint, partition_types)
+        limit = routing.limit_for(
+            request.account, request.directives.get("max_cost"), _yes_no(request.directives.get("cloud"))
+        )
+        if limit is None:
+            decision = _estimate(snapshot, request, top_up_hint, partition_types)
+        else:
+            decision = answer_routed(
+                snapshot,
+                request,
+                fields,
+                limit,
+                routing,
+                top_up_hint=top_up_hint,
+                partition_types=partition_types,
+                now=utcnow(),
+            )
+        if decision["decision"] == "accept" and warn_at_used_share is not None:
+            decision["message"] += _credit_warning(snapshot, request.account, warn_at_used_share, top_up_hint)
+        return decision
+    except NoTimeLimit:
+        return _reject(NO_TIME_LIMIT)
     except NotFound:
         return _reject(
             f"account {request.account} has no GPU credit account; ask your admin "
@@ -74,11 +90,11 @@ def _estimate(
     snapshot: Snapshot,
     request: JobRequest,
     top_up_hint: str,
-    partition_types: Callable[[str | None], list[str] | None],
+    partition_types: PartitionTypes,
 ) -> dict[str, str]:
     assert request.account is not None and request.time_limit_seconds is not None
     now = utcnow()
-    gpus, note = _typed_gpus(snapshot, request, now, partition_types)
+    gpus, note = typed_gpus(snapshot, request, now, partition_types)
     seconds = request.time_limit_seconds
     estimate = snapshot.estimate(
         request.account,
@@ -91,9 +107,7 @@ def _estimate(
     )
     cost = format_credits(estimate.cost_ucredits)
     available = format_credits(estimate.available_ucredits)
-    what = f"{_gpu_text(gpus)} × {describe_duration(seconds)}"
-    if request.array_tasks > 1:
-        what += f", × {request.array_tasks} tasks"
+    what = job_text(gpus, seconds, request.array_tasks)
     breach = estimate.limit_breach
     if breach is not None:
         return _reject(f"{breach.code}: {breach.message} (job: {what})")
@@ -109,33 +123,18 @@ def _estimate(
     }
 
 
-def _typed_gpus(
-    snapshot: Snapshot,
-    request: JobRequest,
-    now: datetime,
-    partition_types: Callable[[str | None], list[str] | None],
-) -> tuple[dict[str, int], str]:
-    """Untyped GPUs are estimated at the most expensive type the partition offers
-    (every priced type while the partitions are not known yet)."""
-    typed = {g: n for g, n in request.gpus.items() if g is not None}
-    untyped = request.gpus.get(None, 0)
-    if not untyped:
-        return typed, ""
-    offered = partition_types(request.partition)
-    candidates = offered if offered is not None else snapshot.prices.gpu_types()
-    dearest = snapshot.prices.dearest(candidates, request.partition, now)
-    if dearest is None:
-        raise LedgerError(
-            "no priced GPU type in this partition; ask for a type, e.g. --gres=gpu:a100:1",
-            code="unknown_gres",
-        )
-    typed[dearest] = typed.get(dearest, 0) + untyped
-    if offered is None:
-        return typed, (
-            f"; untyped GPUs estimated as {dearest}, the dearest priced type "
-            "(partitions not read from Slurm yet)"
-        )
-    return typed, f"; untyped GPUs estimated as {dearest}, the dearest type here"
+def _yes_no(value: str | None) -> bool | None:
+    return None if value is None else value == "yes"
+
+
+def _credit_warning(snapshot: Snapshot, account: str, share: Fraction, top_up_hint: str) -> str:
+    """` physics has used 85% of its credit. Top up at ...` once `share` of it is used."""
+    use = snapshot.credit_use(account)
+    if not use.used_at_least(share):
+        return ""
+    return f". {account} has used {use.used_percent}% of its credit. " + top_up_hint.replace(
+        "{account}", account
+    )
 
 
 def _reject(message: str) -> dict[str, str]:

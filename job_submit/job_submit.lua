@@ -7,7 +7,9 @@ validated account (docs/slurm-facts.md §4), so it stays thin: copy
 the raw job_desc fields into one JSON line, send it over the daemon's Unix
 socket (luasocket, bounded by a short timeout), read one reply line, and
 turn the decision into slurm.log_user + slurm.SUCCESS / slurm.ERROR. All
-pricing and parsing happens in the daemon (job_submit/request.py).
+pricing and parsing happens in the daemon (job_submit/request.py). A job with
+a cost limit or allowed to the cloud comes back routed (docs/routing.md): the
+reply's partition list and comment are written into job_desc.
 
 A Lua error inside slurm_job_submit makes Slurm ACCEPT the job, so every
 step runs under pcall and any failure (no luasocket, daemon down, timeout,
@@ -60,7 +62,7 @@ end
 local FIELDS = {
     "user_name", "user_id", "account", "default_account", "partition",
     "tres_per_node", "tres_per_job", "tres_per_task", "time_limit",
-    "num_tasks", "min_nodes", "array_inx",
+    "num_tasks", "min_nodes", "array_inx", "comment",
 }
 
 -- Raise `message` without a "file:line:" prefix (it ends up in the log).
@@ -407,6 +409,24 @@ end
 ---------------------------------------------------------------------------
 -- Slurm entry points
 
+-- A routed job: the partitions it may run in (Slurm starts it in the first
+-- that can, by PriorityTier) and the decision, ahead of the user's own text,
+-- in its comment. Both are checked before either is written.
+local function apply_route(job_desc, result)
+    local partition, comment = result.partition, result.comment
+    if (partition ~= nil and type(partition) ~= "string")
+        or (comment ~= nil and type(comment) ~= "string") then
+        fail("garbled reply: partition or comment is not a string")
+    end
+    if partition ~= nil and partition ~= "" then
+        job_desc.partition = partition
+    end
+    if comment ~= nil then
+        job_desc.comment = comment
+        slurm.log_info("gpucredit: user %s: %s", tostring(job_desc.user_name), comment)
+    end
+end
+
 local function check_job(job_desc, part_list)
     local reply = decode(ask_daemon(build_request(job_desc, part_list)))
     if type(reply) ~= "table" then
@@ -430,6 +450,7 @@ local function check_job(job_desc, part_list)
         slurm.log_user("%s", message)
         return ERROR
     elseif result.decision == "accept" then
+        apply_route(job_desc, result)
         if message ~= "" then
             slurm.log_user("%s", message)
         end

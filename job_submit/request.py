@@ -8,7 +8,7 @@ docs/slurm-facts.md §4), omitting the ones that are nil:
 
     user_name, user_id, account, default_account, partition,
     tres_per_node, tres_per_job, tres_per_task, time_limit (minutes),
-    num_tasks, min_nodes, array_inx,
+    num_tasks, min_nodes, array_inx, comment,
     partitions: {name: {default_time, max_time, default}}
 
 How GPUs arrive (the gres string is the same shape in each field):
@@ -25,8 +25,11 @@ Items without the `gres:` prefix (`gpu:a100:1`) and in the newer
 `gres/gpu:a100:1` / `gres/gpu:a100=1` spelling are accepted too. The GRES and
 array grammars are slurmtext's; this module turns its errors into codes.
 
+The comment's `gpucredit:max_cost=25,cloud=yes` directives are slurmtext's
+grammar too (`comment_directives`).
+
 Errors: `InvalidRequest(code, message)` with code `invalid_gres`,
-`invalid_time`, `invalid_array` or `invalid_request`.
+`invalid_time`, `invalid_array`, `invalid_comment` or `invalid_request`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmtext import INFINITE, MAX_ARRAY_INDEX, NO_VAL, SlurmTextError, gres_gpus, parse_array_indices
+from slurmtext import (
+    INFINITE,
+    MAX_ARRAY_INDEX,
+    NO_VAL,
+    SlurmTextError,
+    comment_directives,
+    gres_gpus,
+    parse_array_indices,
+)
 
 __all__ = [
     "INFINITE",
@@ -94,6 +105,9 @@ class JobRequest:
     time_limit_source: str = "explicit"  # explicit | partition_default | partition_max | unbounded
     array_tasks: int = 1
     array_max_concurrent: int | None = None
+    directives: dict[str, str] = field(default_factory=dict)  # the comment's gpucredit:KEY=VALUE
+    user_comment: str = ""  # the comment without those directives
+    offered_partitions: tuple[str, ...] = ()  # part_list: the partitions Slurm offers this job
 
     @property
     def gpus_per_element(self) -> int:
@@ -279,6 +293,10 @@ def parse_submit(fields: Mapping[str, Any]) -> JobRequest:
     time_limit = _int_field(fields, "time_limit", "invalid_time")
     seconds, source = _resolve_time(time_limit, partition, partitions)
     array_tasks, array_limit = parse_array_inx(fields.get("array_inx"))
+    try:
+        directives, user_comment = comment_directives(_str_field(fields, "comment"))
+    except SlurmTextError as error:
+        raise InvalidRequest("invalid_comment", str(error)) from None
     return JobRequest(
         user=user,
         user_id=user_id,
@@ -290,4 +308,7 @@ def parse_submit(fields: Mapping[str, Any]) -> JobRequest:
         time_limit_source=source,
         array_tasks=array_tasks,
         array_max_concurrent=array_limit,
+        directives=directives,
+        user_comment=user_comment,
+        offered_partitions=tuple(sorted(partitions)),
     )

@@ -24,7 +24,9 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
   ``str(JobSpec)``); array index expressions ``0-15:3%4``
   (:func:`parse_array_indices`).
 * Comment text: the one-line ``gpucredit: ...`` comment the hooks and the meter
-  set on a job (:func:`comment_text`).
+  set on a job (:func:`comment_text`); the ``gpucredit:max_cost=25,cloud=yes``
+  directives a user writes into a job's comment (:func:`comment_directives`) and
+  the comment job_submit gives a routed job (:func:`routed_comment`).
 
 Strictness, the same for every format: text that is not one of the forms above
 raises :class:`SlurmTextError` (a ``ValueError``) naming the text; nothing is
@@ -46,6 +48,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, tzinfo
 
 __all__ = [
+    "COMMENT_DIRECTIVE",
     "COMMENT_PREFIX",
     "INFINITE",
     "MAX_ARRAY_INDEX",
@@ -56,6 +59,7 @@ __all__ = [
     "UNTYPED_GPU",
     "JobSpec",
     "SlurmTextError",
+    "comment_directives",
     "comment_text",
     "expand_hostlist",
     "format_time",
@@ -73,6 +77,7 @@ __all__ = [
     "parse_sinfo_gpu_types",
     "parse_time",
     "parse_tres",
+    "routed_comment",
     "time_from_epoch",
 ]
 
@@ -99,6 +104,10 @@ MAX_ARRAY_INDEX = 4_000_000
 # What the hooks and the meter write into a job's Comment.
 COMMENT_PREFIX = "gpucredit: "
 MAX_COMMENT_CHARS = 240
+# What a user writes into a job's comment to steer gpucredit: gpucredit:max_cost=25,cloud=yes
+COMMENT_DIRECTIVE = "gpucredit:"
+_DIRECTIVE_VALUES = {"max_cost": r"[0-9]{1,13}(?:\.[0-9]{1,6})?", "cloud": r"yes|no"}
+_DIRECTIVE_WORD = r"(?<!\S)" + re.escape(COMMENT_DIRECTIVE) + r"(\S+)"
 
 _RANGE = r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?"
 _HOST_TEXT = r"[A-Za-z0-9._\-]*"
@@ -580,6 +589,44 @@ def comment_text(message: str) -> str:
     if len(text) > room:
         text = text[: room - 3] + "..."
     return COMMENT_PREFIX + text
+
+
+def comment_directives(text: str | None) -> tuple[dict[str, str], str]:
+    """A job comment's gpucredit directives, and the user's own text without them.
+
+    A directive is a word ``gpucredit:KEY=VALUE[,KEY=VALUE]``; a comment may hold
+    several. Keys: ``max_cost`` (credits, ``25`` or ``12.5``) and ``cloud`` (``yes``
+    or ``no``). Another key, a value of another form or a key given twice raises
+    SlurmTextError. ``gpucredit:`` followed by a space (gpucredit's own comments) is
+    text, not a directive.
+
+    >>> comment_directives("run 7 gpucredit:max_cost=25,cloud=yes")
+    ({'max_cost': '25', 'cloud': 'yes'}, 'run 7')
+    """
+    if not text:
+        return {}, ""
+    directives: dict[str, str] = {}
+    for body in re.findall(_DIRECTIVE_WORD, text):
+        for pair in body.split(","):
+            key, sep, value = pair.partition("=")
+            pattern = _DIRECTIVE_VALUES.get(key)
+            if pattern is None or not sep:
+                keys = ", ".join(f"{k}=..." for k in _DIRECTIVE_VALUES)
+                raise SlurmTextError(f"unknown gpucredit directive {pair!r} in the comment (known: {keys})")
+            if not re.fullmatch(pattern, value):
+                raise SlurmTextError(f"bad value {value!r} for gpucredit directive {key} in the comment")
+            if key in directives:
+                raise SlurmTextError(f"gpucredit directive {key} given twice in the comment")
+            directives[key] = value
+    rest = re.sub(r"\s*" + _DIRECTIVE_WORD, "", text).strip() if directives else text.strip()
+    return directives, rest
+
+
+def routed_comment(decision: str, user_text: str) -> str:
+    """The comment of a routed job: ``gpucredit: <decision>`` (as :func:`comment_text`),
+    then `` | `` and the user's own text, when there is some."""
+    ours = comment_text(decision)
+    return f"{ours} | {user_text}" if user_text else ours
 
 
 def parse_parsable(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:

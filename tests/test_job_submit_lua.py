@@ -101,13 +101,20 @@ slurm = {
 %(prelude)s
 local loaded = dofile(%(script)s)
 
-local function userdata_like(fields)
+-- Slurm lets job_submit write some fields (a routed job's partition and comment);
+-- writing any other is a test failure.
+local written = {}
+local function userdata_like(fields, writable)
     return setmetatable({}, {
         __index = fields,
-        __newindex = function(_, key) error("job_desc." .. key .. " written") end,
+        __newindex = function(_, key, value)
+            if not (writable and writable[key]) then error("job_desc." .. key .. " written") end
+            fields[key] = value
+            written[#written + 1] = key
+        end,
     })
 end
-local job_desc = userdata_like(%(job_desc)s)
+local job_desc = userdata_like(%(job_desc)s, { partition = true, comment = true })
 local part_list = {}
 for name, fields in pairs(%(partitions)s) do
     part_list[name] = userdata_like(fields)
@@ -121,6 +128,9 @@ end
 print("LOADED " .. tostring(loaded))
 print("RC " .. tostring(rc))
 print("MODIFY " .. tostring(modify_rc))
+for _, key in ipairs(written) do
+    print("SET " .. key .. " " .. hex(tostring(job_desc[key])))
+end
 for _, kind in ipairs({ "USER", "INFO", "ERROR" }) do
     for _, message in ipairs(captured[kind]) do
         print(kind .. " " .. hex(message))
@@ -137,6 +147,7 @@ class Outcome:
     user: list[str] = field(default_factory=list)
     info: list[str] = field(default_factory=list)
     error: list[str] = field(default_factory=list)
+    written: dict[str, str] = field(default_factory=dict)  # job_desc fields the script set
 
 
 JOB_DESC: dict[str, Any] = {
@@ -191,14 +202,18 @@ def run_script(
     assert done.returncode == 0, done.stderr
     values: dict[str, int] = {}
     logs: dict[str, list[str]] = {"USER": [], "INFO": [], "ERROR": []}
+    written: dict[str, str] = {}
     for line in done.stdout.splitlines():
         kind, _, rest = line.partition(" ")
-        if kind in logs:
+        if kind == "SET":
+            key, _, value = rest.partition(" ")
+            written[key] = bytes.fromhex(value).decode("utf-8")
+        elif kind in logs:
             logs[kind].append(bytes.fromhex(rest).decode("utf-8"))
         else:
             values[kind] = int(rest)
     return Outcome(
-        values["LOADED"], values["RC"], values["MODIFY"], logs["USER"], logs["INFO"], logs["ERROR"]
+        values["LOADED"], values["RC"], values["MODIFY"], logs["USER"], logs["INFO"], logs["ERROR"], written
     )
 
 
@@ -227,6 +242,30 @@ def test_accept_with_an_estimate(fake_daemon: Callable[[Responder], FakeDaemon],
     daemon = fake_daemon(lambda _: decision("accept", message))
     outcome = run_script(tmp_path, daemon.path)
     assert (outcome.rc, outcome.user, outcome.error) == (0, [message], [])
+
+
+def test_a_routed_job_gets_its_partitions_and_the_decision_in_its_comment(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    message = "gpucredit: ~0.09 credits at most (1×h100 × 1 min) in onprem (~0.06) or cloud (~0.09), ..."
+    comment = "gpucredit: routed to onprem,cloud (limit 1.00 a run, cloud allowed): ... | nightly"
+    result = {"decision": "accept", "message": message, "partition": "onprem,cloud", "comment": comment}
+    daemon = fake_daemon(lambda _: {"ok": True, "result": result})
+    user_comment = "nightly gpucredit:max_cost=1,cloud=yes"
+    outcome = run_script(tmp_path, daemon.path, job_desc={**JOB_DESC, "comment": user_comment})
+    assert daemon.requests[0]["comment"] == user_comment  # the daemon parses it, not the script
+    assert (outcome.rc, outcome.user, outcome.error) == (0, [message], [])
+    assert outcome.written == {"partition": "onprem,cloud", "comment": comment}
+    assert outcome.info == [f"gpucredit: user alice: {comment}"]
+
+
+@pytest.mark.parametrize("route", [{"partition": 7}, {"partition": "onprem", "comment": ["x"]}])
+def test_a_garbled_route_writes_nothing_and_follows_policy(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path, route: dict[str, Any]
+) -> None:
+    daemon = fake_daemon(lambda _: {"ok": True, "result": {"decision": "accept", "message": "m", **route}})
+    outcome = run_script(tmp_path, daemon.path, policy="reject")
+    assert (outcome.rc, outcome.user, outcome.written) == (-1, [UNAVAILABLE], {})
 
 
 def test_accept_silently(fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path) -> None:

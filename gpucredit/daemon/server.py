@@ -36,7 +36,7 @@ from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
-from ledger.api import SnapshotKeeper
+from ledger.api import RoutingConfig, SnapshotKeeper, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
@@ -71,6 +71,10 @@ class Daemon:
         self.grace_seconds = int(config["holds"]["grace_seconds"])
         self.top_up_hint = top_up_hint(config)
         self.slurm_facts = SlurmFacts(self.run, float(config["daemon"]["slurm_refresh_seconds"]))
+        # Routing and the credit warning (docs/routing.md); bad values stop the daemon at start.
+        self.routing = RoutingConfig.from_config(config)
+        warn_at = config["policy"].get("warn_at_used_share")
+        self.warn_at_used_share = None if warn_at in (None, False) else parse_share(warn_at)
         self._lock = threading.Lock()
         self.snapshots = SnapshotKeeper(self.sessions)
         self.credit_held: set[int] = set()
@@ -111,6 +115,8 @@ class Daemon:
             request,
             top_up_hint=self.top_up_hint,
             partition_types=self.partition_types,
+            routing=self.routing,
+            warn_at_used_share=self.warn_at_used_share,
         )
         if decision["decision"] == "reject" and self.snapshots.refresh_if_changed():
             # Never refuse from a stale picture: a top-up or a new account made a moment
@@ -121,6 +127,8 @@ class Daemon:
                 request,
                 top_up_hint=self.top_up_hint,
                 partition_types=self.partition_types,
+                routing=self.routing,
+                warn_at_used_share=self.warn_at_used_share,
             )
         return decision
 
