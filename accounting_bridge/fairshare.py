@@ -1,0 +1,165 @@
+"""Slurm shares from the ledger's credit and spend: the formula, pure (figures in, shares out).
+
+For a PI, in two sentences: *your account's shares are the credits it bought or was
+granted in the last 90 days, less half of what it spent in the last 7 days, and an
+account with credit left never gets fewer than a tenth of the average while one with
+none gets nothing. Inside the account every member starts at 100 shares, less up to
+half in proportion to their part of the account's spend in those 7 days.*
+
+The rule, with the config's names (`[fairshare]`, defaults in brackets)::
+
+    account with no credit left (available + held <= 0)  ->  0
+    claim   = funded - damping_percent [50] % x min(spent, funded)        (credits)
+    shares  = claim rounded half up to a whole number, then to two significant figures
+    floor   = floor_percent [10] % of the mean shares of the accounts with credit left,
+              at least 1 (also to two figures)
+    shares  = max(shares, floor), at most MAX_SHARES
+
+    member  = member_shares [100] x (1 - damping_percent % x their spend / account's spend)
+              member_shares when the account spent nothing; at least 1, two figures
+
+`funded` is what top-ups and grants added with an effective time in the last
+funded_days [90]; `spent` what the account was charged in the last spent_days [7]
+(refunds subtract; never below 0). Spend that exceeds the window's funding (older
+credit) damps no further: claim never falls below half the funding. Two significant
+figures keep Slurm quiet: a job's charge does not move an account from 350 to 349.7
+shares, and accounts that round alike share one `sacctmgr` call.
+
+Worked example (the documentation's, and tests/test_fairshare.py's)::
+
+    account    funded  spent  left   claim                  shares
+    physics    400.00  100.00 300.00 400 - 50% x 100 = 350    350
+    chemistry  100.00    0.00 100.00 100                      100
+    biology      0.00    0.00  50.00 0 -> floor               15   (10% of (350+100+0)/3)
+    history    200.00  250.00   0.00 no credit left           0
+
+Among siblings Slurm normalises these: physics 350/465 = 75% of the tree's share,
+chemistry 22%, biology 3%, history none. Inside physics, alice (75.00 of its 100.00
+spend), bob (25.00) and carol (nothing) get 100 - 50% x 75% = 62.5 -> 63, 88 and 100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ledger import api
+from ledger.money import format_credits
+
+__all__ = ["MAX_SHARES", "FairsharePolicy", "Shares", "account_shares", "two_figures"]
+
+UCREDITS_PER_CREDIT = 1_000_000
+# Slurm keeps RawShares in 32 bits and reads 0x7fffffff as "parent": stay well below.
+MAX_SHARES = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class FairsharePolicy:
+    """The formula's knobs (config `[fairshare]`), validated once."""
+
+    funded_days: int = 90
+    spent_days: int = 7
+    damping_percent: int = 50
+    floor_percent: int = 10
+    member_shares: int = 100
+
+    def __post_init__(self) -> None:
+        bounds = {
+            "funded_days": (1, 3660),
+            "spent_days": (1, 3660),
+            "damping_percent": (0, 100),
+            "floor_percent": (0, 100),
+            "member_shares": (1, 1_000_000),
+        }
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(
+                    f"fairshare.{name} must be a whole number from {low} to {high}, got {value!r}"
+                )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FairsharePolicy:
+        return cls(**config["fairshare"])
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What one association (an account, or a user in it) should have, and why."""
+
+    account: str
+    user: str | None  # None: the account's own association
+    shares: int
+    why: str
+
+
+def _half_up(numerator: int, denominator: int) -> int:
+    return (2 * numerator + denominator) // (2 * denominator)
+
+
+def two_figures(numerator: int, denominator: int = 1) -> int:
+    """numerator/denominator (>= 0) rounded half up to a whole number below 100, else to
+    two significant figures: 7.4 -> 7, 349.7 -> 350, 1234 -> 1200."""
+    if numerator < 0 or denominator <= 0:
+        raise ValueError("two_figures takes a non-negative ratio")
+    whole = numerator // denominator
+    if whole < 100:
+        return _half_up(numerator, denominator)
+    unit = 10 ** (len(str(whole)) - 2)
+    return _half_up(numerator, denominator * unit) * unit
+
+
+def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy) -> list[Shares]:
+    """Every account's shares, each followed by its members' (by name)."""
+    accounts = sorted(inputs, key=lambda figures: figures.account)
+    damping = policy.damping_percent
+    claims: dict[str, tuple[int, str]] = {}
+    for figures in accounts:
+        if figures.left_ucredits <= 0:
+            continue
+        spent = max(figures.spent_ucredits, 0)
+        damped = min(spent, figures.funded_ucredits)
+        claim_x100 = figures.funded_ucredits * 100 - damping * damped  # micro-credits x 100
+        shares = two_figures(claim_x100, 100 * UCREDITS_PER_CREDIT)
+        why = (
+            f"funded {format_credits(figures.funded_ucredits)} in {policy.funded_days} d"
+            f" - {damping}% of {format_credits(damped)} spent in {policy.spent_days} d"
+        )
+        claims[figures.account] = (shares, why)
+    floor = 0
+    if claims:
+        total = sum(shares for shares, _why in claims.values())
+        floor = max(1, two_figures(total * policy.floor_percent, 100 * len(claims)))
+    result: list[Shares] = []
+    for figures in accounts:
+        if figures.account not in claims:
+            left = format_credits(figures.left_ucredits)
+            result.append(Shares(figures.account, None, 0, f"no credit left ({left})"))
+        else:
+            shares, why = claims[figures.account]
+            if shares < floor:
+                shares, why = floor, f"floor: {policy.floor_percent}% of the mean ({why} gives {shares})"
+            if shares > MAX_SHARES:
+                shares, why = MAX_SHARES, f"at most {MAX_SHARES} ({why})"
+            result.append(Shares(figures.account, None, shares, why))
+        result.extend(_member_shares(figures, policy))
+    return result
+
+
+def _member_shares(figures: api.FairnessInputs, policy: FairsharePolicy) -> list[Shares]:
+    account_spent = max(figures.spent_ucredits, 0)
+    members = []
+    for user, user_spent in sorted(figures.member_spent_ucredits.items()):
+        base = policy.member_shares
+        if account_spent == 0:
+            members.append(Shares(figures.account, user, base, f"{base}: the account spent nothing"))
+            continue
+        part = min(max(user_spent, 0), account_spent)
+        shares = two_figures(
+            base * (100 * account_spent - policy.damping_percent * part), 100 * account_spent
+        )
+        percent = _half_up(100 * part, account_spent)
+        why = f"{base} - {policy.damping_percent}% x {percent}% of the account's spend"
+        members.append(Shares(figures.account, user, max(shares, 1), why))
+    return members
