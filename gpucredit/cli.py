@@ -38,7 +38,6 @@ def _build() -> object:
     from accounting_bridge.associations import import_slurm_command
     from accounting_bridge.cli import bridge
     from accounting_bridge.fairshare_cli import fairshare
-    from accounting_bridge.fairshare_cli import fairshare
     from accounting_bridge.meter import meter_command
     from ledger.cli import COMMANDS, account_group
     from portal.cli import COMMANDS as PORTAL_COMMANDS

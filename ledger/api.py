@@ -40,7 +40,6 @@ from ledger.credit_use import CreditUse, credit_use, parse_share
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.errors import InvalidInput, NotFound
 from ledger.fairness_inputs import FairnessInputs, fairness_inputs
-from ledger.fairness_inputs import FairnessInputs, fairness_inputs
 from ledger.grants import DEFAULT_PRIORITY
 from ledger.history import (
     JobRecord,
@@ -118,7 +117,6 @@ __all__ = [
     "CreditUse",
     "Estimate",
     "FairnessInputs",
-    "FairnessInputs",
     "HoldState",
     "JobRecord",
     "PartitionOption",
@@ -154,7 +152,6 @@ __all__ = [
     "ensure_account",
     "entries_t",
     "estimate",
-    "fairness_inputs",
     "fairness_inputs",
     "find_active_hold",
     "find_hold",

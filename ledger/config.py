@@ -47,16 +47,6 @@ DEFAULTS: dict[str, Any] = {
         "floor_percent": 10,
         "member_shares": 100,
     },
-    # Slurm shares from credit (docs/fairshare.md): funded in the last funded_days, less
-    # damping_percent of what was spent in the last spent_days; a funded account gets at
-    # least floor_percent of the mean; each member starts at member_shares.
-    "fairshare": {
-        "funded_days": 90,
-        "spent_days": 7,
-        "damping_percent": 50,
-        "floor_percent": 10,
-        "member_shares": 100,
-    },
     "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
     "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
     "portal": {"host": "127.0.0.1", "port": 8080, "url": None},  # url: public address, shown in refusals

@@ -14,9 +14,6 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
 * ``--noheader --parsable2`` tables (sacctmgr, sshare): rows of named fields
   (:func:`parse_parsable`); an association's fairshare, ``7`` or ``parent``
   (:func:`parse_raw_shares`).
-* ``--noheader --parsable2`` tables (sacctmgr, sshare): rows of named fields
-  (:func:`parse_parsable`); an association's fairshare, ``7`` or ``parent``
-  (:func:`parse_raw_shares`).
 * Times: the local ``YYYY-MM-DDTHH:MM:SS`` scontrol and sacct print and take,
   ``Unknown``/``None`` (:func:`parse_time`, :func:`format_time`); JSON epochs
   (:func:`time_from_epoch`).
@@ -75,8 +72,6 @@ __all__ = [
     "parse_index_list",
     "parse_job_spec",
     "parse_limit_minutes",
-    "parse_parsable",
-    "parse_raw_shares",
     "parse_parsable",
     "parse_raw_shares",
     "parse_sinfo_gpu_types",
