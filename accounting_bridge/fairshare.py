@@ -1,41 +1,48 @@
 """Slurm shares from the ledger's credit and spend: the formula, pure (figures in, shares out).
 
 For a PI, in two sentences: *your account's shares are the credits it bought or was
-granted in the last 90 days, less half of what it spent in the last 7 days, and an
-account with credit left never gets fewer than a tenth of the average while one with
-none gets nothing. Inside the account every member starts at 100 shares, less up to
-half in proportion to their part of the account's spend in those 7 days.*
+granted in the last 90 days (or the credit it has left, if that is more), less half of
+what it spent in the last 7 days; an account with credit left never gets fewer than a
+tenth of the median account's, one with none gets nothing. Inside the account every
+member starts at 100 shares, less up to half in proportion to their part of the
+account's spend in those 7 days.*
 
 The rule, with the config's names (`[fairshare]`, defaults in brackets)::
 
     account with no credit left (available + held <= 0)  ->  0
-    claim   = funded - damping_percent [50] % x min(spent, funded)        (credits)
+    base    = max(funded, left)                                           (credits)
+    claim   = base - damping_percent [50] % x min(spent, base)
     shares  = claim rounded half up to a whole number, then to two significant figures
-    floor   = floor_percent [10] % of the mean shares of the accounts with credit left,
-              at least 1 (also to two figures)
+    floor   = floor_percent [10] % of the median shares of the accounts with credit left
+              (the lower middle one of an even count), at least 1, two figures
     shares  = max(shares, floor), at most MAX_SHARES
 
     member  = member_shares [100] x (1 - damping_percent % x their spend / account's spend)
               member_shares when the account spent nothing; at least 1, two figures
 
 `funded` is what top-ups and grants added with an effective time in the last
-funded_days [90]; `spent` what the account was charged in the last spent_days [7]
-(refunds subtract; never below 0). Spend that exceeds the window's funding (older
-credit) damps no further: claim never falls below half the funding. Two significant
-figures keep Slurm quiet: a job's charge does not move an account from 350 to 349.7
-shares, and accounts that round alike share one `sacctmgr` call.
+funded_days [90]; `left` what the account can still spend or has held now; `spent`
+what it was charged in the last spent_days [7] (refunds subtract; never below 0).
+The base takes credit left from older grants into account, so an account that bought
+a year's credit at once keeps its claim after 90 days. Spend beyond the base damps no
+further: a claim never falls below half its base. A median, not a mean, sets the
+floor, so a few very large accounts do not lift every small one to the same figure.
+Two significant figures keep Slurm quiet: a job's charge does not move an account
+from 350 to 349.7 shares, and accounts that round alike share one `sacctmgr` call.
 
 Worked example (the documentation's, and tests/test_fairshare.py's)::
 
-    account    funded  spent  left   claim                  shares
-    physics    400.00  100.00 300.00 400 - 50% x 100 = 350    350
-    chemistry  100.00    0.00 100.00 100                      100
-    biology      0.00    0.00  50.00 0 -> floor               15   (10% of (350+100+0)/3)
-    history    200.00  250.00   0.00 no credit left           0
+    account    funded  spent   left    claim                     shares
+    physics    400.00  100.00  300.00  400 - 50% x 100 = 350     350
+    chemistry  100.00    0.00  100.00  100                       100
+    biology      0.00    0.00   50.00  50 (left, from older credit)  50
+    geology      0.00    0.00    2.00  2 -> floor                5    (10% of the median, 50)
+    history    200.00  250.00    0.00  no credit left            0
 
-Among siblings Slurm normalises these: physics 350/465 = 75% of the tree's share,
-chemistry 22%, biology 3%, history none. Inside physics, alice (75.00 of its 100.00
-spend), bob (25.00) and carol (nothing) get 100 - 50% x 75% = 62.5 -> 63, 88 and 100.
+Among siblings Slurm normalises these: physics gets 350/505 = 69% of their share,
+chemistry 20%, biology 10%, geology 1%, history none. Inside physics, alice (75.00 of
+its 100.00 spend), bob (25.00) and carol (nothing) get 100 - 50% x 75% = 62.5 -> 63,
+88 and 100.
 """
 
 from __future__ import annotations
@@ -118,19 +125,18 @@ def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy
     for figures in accounts:
         if figures.left_ucredits <= 0:
             continue
-        spent = max(figures.spent_ucredits, 0)
-        damped = min(spent, figures.funded_ucredits)
-        claim_x100 = figures.funded_ucredits * 100 - damping * damped  # micro-credits x 100
+        base = max(figures.funded_ucredits, figures.left_ucredits)
+        damped = min(max(figures.spent_ucredits, 0), base)
+        claim_x100 = base * 100 - damping * damped  # micro-credits x 100
         shares = two_figures(claim_x100, 100 * UCREDITS_PER_CREDIT)
-        why = (
-            f"funded {format_credits(figures.funded_ucredits)} in {policy.funded_days} d"
-            f" - {damping}% of {format_credits(damped)} spent in {policy.spent_days} d"
-        )
+        funded = f"funded {format_credits(figures.funded_ucredits)} in {policy.funded_days} d"
+        if base > figures.funded_ucredits:
+            funded = f"{format_credits(base)} left (more than {funded})"
+        why = f"{funded} - {damping}% of {format_credits(damped)} spent in {policy.spent_days} d"
         claims[figures.account] = (shares, why)
-    floor = 0
-    if claims:
-        total = sum(shares for shares, _why in claims.values())
-        floor = max(1, two_figures(total * policy.floor_percent, 100 * len(claims)))
+    ordered = sorted(shares for shares, _why in claims.values())
+    median = ordered[(len(ordered) - 1) // 2] if ordered else 0
+    floor = max(1, two_figures(median * policy.floor_percent, 100))
     result: list[Shares] = []
     for figures in accounts:
         if figures.account not in claims:
@@ -139,7 +145,10 @@ def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy
         else:
             shares, why = claims[figures.account]
             if shares < floor:
-                shares, why = floor, f"floor: {policy.floor_percent}% of the mean ({why} gives {shares})"
+                shares, why = (
+                    floor,
+                    f"floor: {policy.floor_percent}% of the median account's {median} (own claim {shares})",
+                )
             if shares > MAX_SHARES:
                 shares, why = MAX_SHARES, f"at most {MAX_SHARES} ({why})"
             result.append(Shares(figures.account, None, shares, why))

@@ -48,6 +48,7 @@ WORKED = [
     figures("physics", 400, 100, 300, alice=75, bob=25, carol=0),
     figures("chemistry", 100, 0, 100, bob=0),
     figures("biology", 0, 0, 50, alice=0),
+    figures("geology", 0, 0, 2),
     figures("history", 200, 250, 0, bob=250),
 ]
 
@@ -62,10 +63,11 @@ def by_key(shares: Sequence[Shares]) -> dict[tuple[str, str | None], int]:
 def test_the_worked_example() -> None:
     shares = account_shares(WORKED, FairsharePolicy())
     assert by_key(shares) == {
-        ("biology", None): 15,
+        ("biology", None): 50,
         ("biology", "alice"): 100,
         ("chemistry", None): 100,
         ("chemistry", "bob"): 100,
+        ("geology", None): 5,
         ("history", None): 0,
         ("history", "bob"): 50,
         ("physics", None): 350,
@@ -75,13 +77,18 @@ def test_the_worked_example() -> None:
     }
     why = {(s.account, s.user): s.why for s in shares}
     assert why[("physics", None)] == "funded 400.00 in 90 d - 50% of 100.00 spent in 7 d"
-    assert why[("biology", None)] == (
-        "floor: 10% of the mean (funded 0.00 in 90 d - 50% of 0.00 spent in 7 d gives 0)"
-    )
+    assert why[("biology", None)] == "50.00 left (more than funded 0.00 in 90 d) - 50% of 0.00 spent in 7 d"
+    assert why[("geology", None)] == "floor: 10% of the median account's 50 (own claim 2)"
     assert why[("history", None)] == "no credit left (0.00)"
     assert why[("physics", "alice")] == "100 - 50% x 75% of the account's spend"
     assert why[("chemistry", "bob")] == "100: the account spent nothing"
-    assert [s.account for s in shares if s.user is None] == ["biology", "chemistry", "history", "physics"]
+    assert [s.account for s in shares if s.user is None] == [
+        "biology",
+        "chemistry",
+        "geology",
+        "history",
+        "physics",
+    ]
 
 
 def test_two_figures_rounds_half_up() -> None:
@@ -168,7 +175,7 @@ def test_policy_from_config_takes_the_defaults() -> None:
 def seed_worked_example(s) -> None:  # type: ignore[no-untyped-def]
     """The worked example's ledger at NOW (physics, chemistry, biology, history; dave is a
     ledger member of chemistry that Slurm does not know, astro an account it does not know)."""
-    for account in ("physics", "chemistry", "biology", "history", "astro"):
+    for account in ("physics", "chemistry", "biology", "geology", "history", "astro"):
         api.create_account(s, account)
     for user, account in [
         ("alice", "physics"),
@@ -186,6 +193,7 @@ def seed_worked_example(s) -> None:  # type: ignore[no-untyped-def]
     api.consume(s, "physics", "40", user="alice", at=NOW - timedelta(days=8))  # before the 7 days
     api.grant(s, "chemistry", "100", effective_at=NOW - timedelta(days=89))
     api.topup(s, "biology", "50", effective_at=NOW - timedelta(days=91))  # before the 90 days
+    api.topup(s, "geology", "2", effective_at=NOW - timedelta(days=200))
     api.topup(s, "history", "50", effective_at=NOW - timedelta(days=200))
     api.topup(s, "history", "200", effective_at=NOW - timedelta(days=30))
     api.consume(s, "history", "250", user="bob", at=NOW - timedelta(days=3))
@@ -203,6 +211,7 @@ def test_fairness_inputs_read_the_windows(tx) -> None:  # type: ignore[no-untype
         api.FairnessInputs("astro", 0, 0, 0, {}),
         api.FairnessInputs("biology", 0, 0, 50 * C, {"alice": 0}),
         api.FairnessInputs("chemistry", 100 * C, 0, 100 * C, {"bob": 0, "dave": 0}),
+        api.FairnessInputs("geology", 0, 0, 2 * C, {}),
         api.FairnessInputs("history", 200 * C, 250 * C, 0, {"bob": 250 * C}),
         api.FairnessInputs(
             "physics", 400 * C, 100 * C, 260 * C, {"alice": 75 * C, "bob": 25 * C, "carol": 0}
@@ -291,7 +300,7 @@ def test_plan_against_recorded_associations() -> None:
     targets.append(Shares("astro", None, 0, "x"))
     plan = plan_changes(targets, read_associations(recorded("sacctmgr_show_assoc.txt")), "lab")
     assert [(c.account, c.user, c.old, c.new) for c in plan.changes] == [
-        ("biology", None, "1", 15),
+        ("biology", None, "1", 50),
         ("biology", "alice", "1", 100),
         ("chemistry", "bob", "1", 100),
         ("history", None, "1", 0),
@@ -301,11 +310,11 @@ def test_plan_against_recorded_associations() -> None:
         ("physics", "bob", "1", 88),
         ("physics", "carol", "1", 100),
     ]
-    assert (plan.unchanged, plan.missing) == (1, ("dave@chemistry", "astro"))
+    assert (plan.unchanged, plan.missing) == (1, ("geology", "dave@chemistry", "astro"))
     modify = ("sacctmgr", "--immediate", "modify")
     assert plan.commands == (
         (*modify, "account", "where", "name=history", "cluster=lab", "set", "fairshare=0"),
-        (*modify, "account", "where", "name=biology", "cluster=lab", "set", "fairshare=15"),
+        (*modify, "account", "where", "name=biology", "cluster=lab", "set", "fairshare=50"),
         (*modify, "account", "where", "name=physics", "cluster=lab", "set", "fairshare=350"),
         (*modify, "user", "where", "name=bob", "account=history", "cluster=lab", "set", "fairshare=50"),
         (*modify, "user", "where", "name=alice", "account=physics", "cluster=lab", "set", "fairshare=63"),
@@ -421,7 +430,7 @@ def test_sync_applies_the_plan_and_a_second_run_changes_nothing(cli) -> None:  #
     plan = json.loads(cli("fairshare", "sync", "--dry-run", "--format", "json", runner=dry).stdout)
     assert dry.calls == [SHOW]  # a dry run only reads
     assert plan["dry_run"] is True
-    assert plan["missing"] == ["astro", "dave@chemistry"]
+    assert plan["missing"] == ["astro", "dave@chemistry", "geology"]
     assert {(c["account"], c["user"]): c["new"] for c in plan["changes"]}[("physics", None)] == 350
     after = before
     for argv in plan["commands"]:
@@ -435,12 +444,12 @@ def test_sync_applies_the_plan_and_a_second_run_changes_nothing(cli) -> None:  #
         "biology",
         "-",
         "1",
-        "15",
-        "floor: 10% of the mean (funded 0.00 in 90 d - 50% of 0.00 spent in 7 d gives 0)",
+        "50",
+        "50.00 left (more than funded 0.00 in 90 d) - 50% of 0.00 spent in 7 d",
     ]
     assert lines[-2:] == [
         f"changed 9 associations with {len(plan['commands'])} sacctmgr calls; 1 associations already right",
-        "not in Slurm, left alone: astro, dave@chemistry",
+        "not in Slurm, left alone: astro, dave@chemistry, geology",
     ]
     second = FakeRunner({SHOW: after})
     again = cli("fairshare", "sync", runner=second).stdout
