@@ -27,16 +27,22 @@ def _default_key() -> str:
 limiter = Limiter(key_func=_default_key, default_limits=[], headers_enabled=True)
 
 # The portal draws charts as inline SVG with presentation attributes and ships its
-# own CSS and JS files: nothing inline, nothing from another origin.
+# own CSS and JS files: nothing inline, nothing from another origin. Forms post only
+# here, and may be redirected on only to the payment provider's checkout (browsers
+# apply form-action to a form's redirects too).
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    "object-src 'none'; base-uri 'none'; form-action 'self'{checkout}; frame-ancestors 'none'"
 )
+CHECKOUT_ORIGINS = {"stripe": "https://checkout.stripe.com"}
 
 
 def init_app(app: Flask) -> None:
     settings = portal_settings(app)
     app.config["RATELIMIT_STORAGE_URI"] = settings["rate_limit_storage"]
+    provider = (app.config["GPUCREDIT"].get("payments") or {}).get("provider", "manual")
+    checkout = f" {CHECKOUT_ORIGINS[provider]}" if provider in CHECKOUT_ORIGINS else ""
+    app.extensions["gpucredit.csp"] = CONTENT_SECURITY_POLICY.format(checkout=checkout)
     csrf.init_app(app)
     limiter.init_app(app)
     app.after_request(_headers)
@@ -56,7 +62,7 @@ def login_key() -> str:
 
 def _headers(response: Response) -> Response:
     headers: Any = response.headers
-    headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    headers.setdefault("Content-Security-Policy", current_app.extensions["gpucredit.csp"])
     headers.setdefault("X-Content-Type-Options", "nosniff")
     headers.setdefault("X-Frame-Options", "DENY")
     headers.setdefault("Referrer-Policy", "same-origin")
