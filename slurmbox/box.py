@@ -284,6 +284,9 @@ def install_hint() -> str:
 # --------------------------------------------------------------------------- the box
 
 
+_DETACHED: list[subprocess.Popen[bytes]] = []  # supervisors started with detach=True
+
+
 @dataclass
 class SlurmBox:
     """Handle on the cluster in a box; cheap to create (no I/O here).
@@ -440,7 +443,11 @@ class SlurmBox:
             finally:
                 out.close()
                 os.close(write_fd)
-            if not detach:
+            if detach:
+                # It outlives this process; dropped, its Popen would warn "still running"
+                # (an error under pytest, when a test rebuilds a `make slurm-up` box).
+                _DETACHED.append(proc)
+            else:
                 self._supervisor = proc
             message = _read_pipe(read_fd, self.timeout_s + 30)
             if message.strip() != "ready":
