@@ -38,8 +38,10 @@ def _build() -> object:
     from accounting_bridge.associations import import_slurm_command
     from accounting_bridge.cli import bridge
     from accounting_bridge.fairshare_cli import fairshare
+    from accounting_bridge.limits_cli import limits_show_command, limits_sync_command
     from accounting_bridge.meter import meter_command
-    from ledger.cli import COMMANDS, account_group
+    from accounting_bridge.slurm_check import slurm_check_command
+    from ledger.cli import COMMANDS, account_group, limits_group
     from portal.cli import COMMANDS as PORTAL_COMMANDS
     from slurm_hooks.admin.cli import slurm
 
@@ -48,6 +50,9 @@ def _build() -> object:
         """Prepaid GPU credits for Slurm clusters."""
 
     account_group.add_command(import_slurm_command)
+    limits_group.add_command(limits_sync_command)
+    limits_group.add_command(limits_show_command)  # the ledger's view, and with --slurm Slurm's
+    slurm.add_command(slurm_check_command)
     bridge.add_command(meter_command)
     for command in [*COMMANDS, *PORTAL_COMMANDS, slurm, bridge, fairshare, agent_command, _daemon_command()]:
         root.add_command(command)  # type: ignore[arg-type]

@@ -38,6 +38,7 @@ from ledger.balance import account_summary, balance
 from ledger.charge_counter import ChargeCounter, ChargeTotals
 from ledger.credit_use import CreditUse, credit_use, parse_share
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
+from ledger.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
 from ledger.errors import InvalidInput, NotFound
 from ledger.fairness_inputs import FairnessInputs, fairness_inputs
 from ledger.grants import DEFAULT_PRIORITY
@@ -108,8 +109,10 @@ from ledger.totals import AccountTotals, account_totals, last_usage_charge_at, m
 
 __all__ = [
     "UNKNOWN_SUBMIT",
+    "AccountEnforcement",
     "AccountTotals",
     "ActiveRun",
+    "Block",
     "CapOverrun",
     "ChargeCounter",
     "ChargeTotals",
@@ -119,6 +122,7 @@ __all__ = [
     "FairnessInputs",
     "HoldState",
     "JobRecord",
+    "MemberEnforcement",
     "PartitionOption",
     "PriceTable",
     "Route",
@@ -149,6 +153,7 @@ __all__ = [
     "credit_use",
     "daily_cap_overruns",
     "efficiency_report",
+    "enforcement",
     "ensure_account",
     "entries_t",
     "estimate",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,7 +16,10 @@ from ledger.cli_support import (
     parse_time_option,
     transaction,
 )
-from ledger.timeutil import parse_slurm_duration
+from ledger.timeutil import parse_slurm_duration, utcnow
+
+if TYPE_CHECKING:
+    from ledger.enforcement import AccountEnforcement
 
 HOLD_COLUMNS = [
     "id",
@@ -33,7 +36,7 @@ HOLD_COLUMNS = [
 ]
 
 
-def _emit_balance(result: dict[str, Any], fmt: str) -> None:
+def _emit_balance(result: dict[str, Any], fmt: str, notes: list[str] | None = None) -> None:
     if fmt != "table":
         emit(
             result if fmt == "json" else result["grants"],
@@ -47,6 +50,8 @@ def _emit_balance(result: dict[str, Any], fmt: str) -> None:
         f"account {result['account']} at {result['at']}: available {result['available']}, "
         f"held {result['held']}" + (f", debt {result['debt']}" if result["debt"] != "0.00" else "")
     )
+    for note in notes or []:
+        click.echo(note)
     emit(
         result["grants"],
         fmt,
@@ -362,9 +367,22 @@ def balance_command(account: str | None, at: str | None, fmt: str) -> None:
     if account is None:
         _emit_own_balances(at, fmt)
         return
+    when = parse_time_option(at, "at")
     with transaction() as s:
-        result = api.balance(s, account, parse_time_option(at, "at"))
-    _emit_balance(result, fmt)
+        result = api.balance(s, account, when)
+        [limits] = api.enforcement(s, when or utcnow(), [account])
+    _emit_balance(result, fmt, _enforcement_notes(limits))
+
+
+def _enforcement_notes(limits: AccountEnforcement) -> list[str]:
+    """Blocks and GPU caps Slurm enforces for the account (docs/limits-sync.md), in words."""
+    notes = [f"blocked: {block.message}; GPU jobs wait in Slurm" for block in limits.blocks]
+    notes += [
+        f"user {m.user} blocked: {b.message}; their GPU jobs wait" for m in limits.members for b in m.blocks
+    ]
+    caps = [f"account {limits.max_gpus}"] if limits.max_gpus is not None else []
+    caps += [f"{m.user} {m.max_gpus}" for m in limits.members if m.max_gpus is not None]
+    return notes + ([f"GPU caps: {', '.join(caps)} at once"] if caps else [])
 
 
 def _emit_own_balances(at: str | None, fmt: str) -> None:

@@ -47,6 +47,18 @@ DEFAULTS: dict[str, Any] = {
         "floor_percent": 10,
         "member_shares": 100,
     },
+    # Slurm's own GPU limits and blocks from the ledger, and scarcity caps (docs/limits-sync.md).
+    # in_daemon: the daemon re-syncs an account within seconds of its block changing, and
+    # everything every interval_seconds; off until an admin has looked at `slurm check`.
+    "limits_sync": {"in_daemon": False, "interval_seconds": 30.0},
+    "scarcity": {
+        "engage_above": 0.8,  # caps on when more than this share of a partition's GPUs is allocated,
+        "lift_below": 0.6,  # off when less than this is (between the two: as they were)
+        "user_share": 0.5,  # while on, a user may hold this share of the partition's GPUs (false: no cap)
+        "account_share": 0.75,  # and an account this share
+        # the partitions to cap: each needs a QOS of its own in slurm.conf, which gpucredit manages
+        "partitions": [],
+    },
     "slurm": {"cluster": "lab", "bin_dir": "/usr/bin"},
     "agent": {"spool_dir": "/var/spool/gpucredit/jobs", "interval_seconds": 10},
     "portal": {"host": "127.0.0.1", "port": 8080, "url": None},  # url: public address, shown in refusals

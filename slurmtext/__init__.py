@@ -10,7 +10,9 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
   ``gres/gpu:a100=1``, scontrol's ``JOB_GRES=gpu:a100:1`` and node
   ``GRES=gpu:a100:2(IDX:0-1)``, squeue's ``gres_detail``, sinfo's ``%G``
   ``gpu:a100:2(S:0)`` (:func:`gpu_gres`, :func:`gres_gpus`,
-  :func:`gres_gpu_indices`, :func:`parse_sinfo_gpu_types`).
+  :func:`gres_gpu_indices`, :func:`parse_sinfo_gpu_types`); GPUs configured and
+  allocated per partition from sinfo's node lines (:func:`parse_sinfo_gpu_use`).
+* ``scontrol show partition -o``: each partition's QOS (:func:`parse_partition_qos`).
 * ``--noheader --parsable2`` tables (sacctmgr, sshare): rows of named fields
   (:func:`parse_parsable`); an association's fairshare, ``7`` or ``parent``
   (:func:`parse_raw_shares`).
@@ -73,8 +75,10 @@ __all__ = [
     "parse_job_spec",
     "parse_limit_minutes",
     "parse_parsable",
+    "parse_partition_qos",
     "parse_raw_shares",
     "parse_sinfo_gpu_types",
+    "parse_sinfo_gpu_use",
     "parse_time",
     "parse_tres",
     "routed_comment",
@@ -389,6 +393,73 @@ def parse_sinfo_gpu_types(text: str) -> dict[str, list[str]]:
         for gpu_type, _, _ in gpu_gres(gres):
             if gpu_type is not None and gpu_type not in types:
                 types.append(gpu_type)
+    return table
+
+
+def parse_sinfo_gpu_use(text: str) -> dict[str, tuple[int, int]]:
+    """``sinfo -h -N -O NodeList:0|,Partition:0|,Gres:0|,GresUsed:0|,StateLong:0`` ->
+    {partition: (GPUs, GPUs allocated)} over the partition's nodes that can take jobs.
+
+    One line per node and partition, e.g. ``node1|onprem*|gpu:a100:2,gpu:h100:2|``
+    ``gpu:a100:1(IDX:0),gpu:h100:0(IDX:N/A)|mixed`` (``*`` marks the default
+    partition). A node that cannot take a job (down, drained or draining, failing,
+    not yet configured, in maintenance, state unknown; flags such as ``*`` and ``~``
+    read as the state they qualify) adds nothing, so its GPUs do not dilute the share
+    of the others. A node in two partitions counts in both: GPUs busy for one are
+    busy for the other. Blank lines are skipped.
+    """
+    use: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        if not line:
+            continue
+        fields = line.split("|")
+        if len(fields) != 5 or not fields[0] or not fields[1]:
+            raise SlurmTextError(f"bad sinfo line {line!r} (want NODE|PARTITION|GRES|GRES_USED|STATE)")
+        _node, partition, gres, used, state = fields
+        partition = partition.removesuffix("*")
+        total, allocated = use.get(partition, (0, 0))
+        if _takes_jobs(state, line):
+            total += sum(gres_gpus(gres).values())
+            allocated += sum(count for _, count, _ in gpu_gres(used))
+        if allocated > total:
+            raise SlurmTextError(f"more GPUs allocated than configured in {line!r}")
+        use[partition] = (total, allocated)
+    return use
+
+
+# Node states (sinfo's StateLong, flags removed) whose GPUs cannot take a new job.
+_NO_NEW_JOBS = frozenset(
+    {"down", "drain", "drained", "draining", "fail", "failing", "future", "inval", "maint", "unknown"}
+)
+
+
+def _takes_jobs(state: str, line: str) -> bool:
+    base = state.rstrip("*~#!%$@^-")
+    if not re.fullmatch(r"[a-z_]+(?:\+[a-z_]+)*", base):
+        raise SlurmTextError(f"bad node state {state!r} in {line!r}")
+    return not any(part in _NO_NEW_JOBS for part in base.split("+"))
+
+
+def parse_partition_qos(text: str) -> dict[str, str | None]:
+    """``scontrol show partition -o`` -> {partition: its QOS, or None for ``N/A``}.
+
+    One line per partition of ``Key=Value`` words (no value holds a space); a word
+    without ``=``, or a line without PartitionName and QoS, raises.
+    """
+    table: dict[str, str | None] = {}
+    for line in text.splitlines():
+        fields: dict[str, str] = {}
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_:/]*", key):
+                raise SlurmTextError(f"bad word {word!r} in scontrol's partition line {line!r}")
+            fields.setdefault(key, value)
+        if not fields:
+            continue
+        if not fields.get("PartitionName") or "QoS" not in fields:
+            raise SlurmTextError(f"partition line without PartitionName or QoS: {line!r}")
+        qos = fields["QoS"]
+        table[fields["PartitionName"]] = None if qos in ("N/A", "", "(null)") else qos
     return table
 
 

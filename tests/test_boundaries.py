@@ -33,7 +33,7 @@ PUBLIC: dict[str, frozenset[str] | None] = {
     "ledger.db": None,
     "ledger.schema": None,
     "ledger.cli_support": None,
-    "ledger.cli": frozenset({"COMMANDS", "account_group"}),  # the CLI root assembles the groups
+    "ledger.cli": frozenset({"COMMANDS", "account_group", "limits_group"}),  # the CLI root assembles groups
 }
 # Packages of this repository; ledger/ imports none of them.
 OUR_PACKAGES = {

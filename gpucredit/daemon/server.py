@@ -11,7 +11,8 @@ retry after a timeout.
 No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slurmctld.
 What a request needs from Slurm (partitions and their GPU types) a background thread
 learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm_facts);
-only the release loop, itself in the background, runs scontrol.
+only background loops run other commands: the release loop (scontrol) and, with
+`limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
 
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
 """
@@ -26,11 +27,13 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
+from accounting_bridge.limits_keeper import LimitsKeeper
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
@@ -59,7 +62,13 @@ def top_up_hint(config: dict[str, Any]) -> str:
 
 
 class Daemon:
-    def __init__(self, config: dict[str, Any], runner: Callable[..., str] | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        runner: Callable[..., str] | None = None,
+        *,
+        limits_clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.config = config
         self.engine = (
             make_engine(config["database"]["url"], pool_size=8, max_overflow=8)
@@ -77,6 +86,12 @@ class Daemon:
         self.warn_at_used_share = None if warn_at in (None, False) else parse_share(warn_at)
         self._lock = threading.Lock()
         self.snapshots = SnapshotKeeper(self.sessions)
+        # Slurm's own GPU limits and blocks follow the ledger within seconds (docs/limits-sync.md).
+        self.limits = (
+            LimitsKeeper(self.sessions, self.run, config, clock=limits_clock)
+            if config["limits_sync"]["in_daemon"]
+            else None
+        )
         self.credit_held: set[int] = set()
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda request: {"pong": True},
@@ -258,6 +273,10 @@ class Daemon:
         if release_interval:
             threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
         threading.Thread(target=self.slurm_facts.run, args=(stop,), daemon=True).start()
+        if self.limits is not None:
+            threading.Thread(
+                target=self.limits.run_forever, args=(stop, release_interval or 2.0), daemon=True
+            ).start()
         port = daemon_metrics.metrics_port(self.config)
         stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)
         try:  # so the first quote does not wait on the database either
