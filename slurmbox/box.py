@@ -862,6 +862,7 @@ class _Supervisor:
         # registers can be lost ("Can't find parent id 3 for assoc 4"), and
         # sshare then shows a broken tree.
         self.add_associations()
+        self.add_partition_qos()
         self.log("associations added")
         self.spawn("slurmctld")
         for node in NODES:
@@ -882,6 +883,19 @@ class _Supervisor:
         flat = RUN_DIR / "associations.cfg"
         _write(flat, "\n".join(lines) + "\n")
         run(["/usr/bin/sacctmgr", "-i", "load", f"file={flat}"])
+
+    def add_partition_qos(self) -> None:
+        """The QOS slurm.conf's partitions name (scarcity caps, docs/limits-sync.md):
+        slurmctld will not start while a partition names a QOS slurmdbd lacks."""
+        names = {
+            word.removeprefix("QOS=")
+            for line in self.box.render_slurm_conf().splitlines()
+            if line.startswith("PartitionName=")
+            for word in line.split()
+            if word.startswith("QOS=")
+        }
+        if names:
+            run(["/usr/bin/sacctmgr", "-i", "add", "qos", ",".join(sorted(names))])
 
     def wait_ready(self) -> None:
         names = ["slurmdbd", "slurmctld", *(f"slurmd-{n}" for n in NODES)]

@@ -61,12 +61,12 @@ def test_config_lines_content() -> None:
         "Prolog=/opt/hooks/prolog.sh",
         "Epilog=/opt/hooks/epilog.sh",
         "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100",
-        "AccountingStorageEnforce=associations,limits",
+        "AccountingStorageEnforce=associations,limits,safe",
         "PriorityType=priority/multifactor",
         "PriorityWeightFairshare=10000",
     ]
     assert lines[0] == "# gpucredit: quote and refuse jobs at submit time (/etc/slurm/job_submit.lua)"
-    assert len(lines) - len(settings) == 5  # one comment per group
+    assert len(lines) - len(settings) == 6  # a comment per group, two for accounting
 
 
 def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:

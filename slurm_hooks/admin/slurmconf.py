@@ -84,7 +84,8 @@ def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) 
     """The lines an admin adds to slurm.conf, each group under a `#` comment.
 
     `gres_types` are the priced GPU types (`a100`, `h100`): Slurm records
-    GPU-seconds per type only for types named in AccountingStorageTRES.
+    GPU-seconds per type only for types named in AccountingStorageTRES, and enforces
+    a GPU limit only on a TRES it tracks (docs/limits-sync.md).
     `job_submit_dir` is where job_submit.lua is installed; Slurm 22.05 loads it
     from the directory that holds slurm.conf and has no setting to move it.
     """
@@ -108,9 +109,10 @@ def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) 
         "# gpucredit: start and stop GPU sampling on each node",
         f"Prolog={hooks['Prolog']}",
         f"Epilog={hooks['Epilog']}",
-        "# gpucredit: account GPU-seconds per GPU type; every job needs an account (it pays)",
+        "# gpucredit: account GPU-seconds per GPU type; every job needs an account (it pays); Slurm enforces",
+        "# the GPU limits and blocks of `gpucredit limits sync` (safe: only jobs a GrpTRESMins can finish)",
         f"AccountingStorageTRES={tres}",
-        "AccountingStorageEnforce=associations,limits",
+        "AccountingStorageEnforce=associations,limits,safe",
         "# gpucredit: fairshare from credit and usage (`gpucredit fairshare sync` sets the shares)",
         "PriorityType=priority/multifactor",
         "PriorityWeightFairshare=10000",
