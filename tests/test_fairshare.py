@@ -312,7 +312,8 @@ def test_plan_against_recorded_associations() -> None:
     ]
     assert (plan.unchanged, plan.missing) == (1, ("geology", "dave@chemistry", "astro"))
     modify = ("sacctmgr", "--immediate", "modify")
-    assert plan.commands == (
+    assert len(plan.commands) == 8
+    assert set(plan.commands) == {
         (*modify, "account", "where", "name=history", "cluster=lab", "set", "fairshare=0"),
         (*modify, "account", "where", "name=biology", "cluster=lab", "set", "fairshare=50"),
         (*modify, "account", "where", "name=physics", "cluster=lab", "set", "fairshare=350"),
@@ -332,7 +333,7 @@ def test_plan_against_recorded_associations() -> None:
             "fairshare=100",
         ),
         (*modify, "user", "where", "name=carol", "account=physics", "cluster=lab", "set", "fairshare=100"),
-    )
+    }
     text = recorded("sacctmgr_show_assoc.txt")
     for argv in plan.commands:
         text = modify_effect(text, argv)
