@@ -32,13 +32,17 @@ def serve_command(host: str | None, port: int | None, threads: int | None) -> No
     click.echo(f"gpucredit portal on http://{host}:{port}/", err=True)
     # One process with threads: in-memory rate limits and the SQLite file stay exact,
     # and a slow client never ties up a worker process (waitress buffers it).
-    serve(
-        app,
-        host=host,
-        port=port,
-        threads=threads or int(app.config["GPUCREDIT"]["portal"]["threads"]),
-        ident="gpucredit",
-    )
+    try:
+        serve(
+            app,
+            host=host,
+            port=port,
+            threads=threads or int(app.config["GPUCREDIT"]["portal"]["threads"]),
+            ident="gpucredit",
+        )
+    except OSError as error:  # the address is taken or not ours: say so, not a traceback
+        click.echo(f"error: cannot listen on {host}:{port}: {error.strerror}; try another --port", err=True)
+        sys.exit(2)
 
 
 @click.group("token")
