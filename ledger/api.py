@@ -45,6 +45,7 @@ from ledger.grants import DEFAULT_PRIORITY
 from ledger.history import (
     JobRecord,
     RunningTotals,
+    charge_entries,
     hold_entries,
     job_history,
     job_record,
@@ -97,6 +98,7 @@ from ledger.prices import (
     list_prices,
     load_price_table,
     parse_gpus,
+    price_versions,
     rate_of,
     set_price,
 )
@@ -401,66 +403,6 @@ def _adjust(
         "links_entry_id": links_entry_id,
         "grant": result["grant"],
     }
-
-
-def charge_entries(s: Session, account: str, *, limit: int = 20) -> list[dict[str, Any]]:
-    """The account's latest charges an adjustment may link to, newest first: each job run
-    that ended (its settle or expire entry, with the run's whole charge so far) and each
-    direct consumption (with its amount)."""
-    from sqlalchemy import func
-
-    from ledger.journal import postings_t
-
-    acct = _accounts.read_account(s, account)
-    consumed = (
-        select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0))
-        .where(postings_t.c.entry_id == entries_t.c.id, postings_t.c.account_id == REVENUE)
-        .scalar_subquery()
-    )
-    rows = s.execute(
-        select(
-            entries_t.c.id,
-            entries_t.c.kind,
-            entries_t.c.effective_at,
-            entries_t.c.user,
-            entries_t.c.hold_id,
-            consumed.label("consumed_ucredits"),
-        )
-        .where(entries_t.c.account_id == acct.id, entries_t.c.kind.in_(("settle", "expire", "consume")))
-        .order_by(entries_t.c.id.desc())
-        .limit(limit)
-    ).all()
-    charges = []
-    for row in rows:
-        hold = None if row.hold_id is None else get_hold(s, row.hold_id)
-        charges.append(
-            {
-                "entry_id": row.id,
-                "kind": row.kind,
-                "effective_at": format_time(row.effective_at),
-                "user": row.user,
-                "job": None if hold is None else f"{hold.cluster}/{hold.job_id}/{hold.run}",
-                "gpus": None if hold is None else hold.gpus,
-                "charged": format_credits(row.consumed_ucredits if hold is None else hold.charged_ucredits),
-            }
-        )
-    return charges
-
-
-def price_versions(s: Session, at: datetime | None = None) -> list[dict[str, Any]]:
-    """Every price version (as `list_prices`), each marked `in_force` when it is the one its
-    GPU type (and partition) charges at `at` (default now): the latest effective by then,
-    on a tie the one recorded last, as `PriceTable` rules."""
-    from ledger.timeutil import parse_time
-
-    at = at or utcnow()
-    versions = list_prices(s)  # by type and partition, then effective time, then recording order
-    in_force: dict[tuple[str, str | None], int] = {}
-    for index, version in enumerate(versions):
-        if parse_time(version["effective_at"]) <= at:
-            in_force[(version["gres"], version["partition"])] = index
-    chosen = set(in_force.values())
-    return [{**version, "in_force": index in chosen} for index, version in enumerate(versions)]
 
 
 def sweep(

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
+from ledger.accounts import read_account
 from ledger.errors import NotFound
-from ledger.holds import HoldState, holds_t
+from ledger.holds import HoldState, get_hold, holds_t
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.models import JobRun, table_of
 from ledger.money import format_credits
@@ -207,3 +208,43 @@ def running_totals(s: Session, account: str) -> RunningTotals:
         .where(accounts_t.c.name == account, holds_t.c.state == "active")
     ).one()
     return RunningTotals(int(jobs), int(gpus), int(rate))
+
+
+def charge_entries(s: Session, account: str, *, limit: int = 20) -> list[dict[str, Any]]:
+    """The account's latest charges an adjustment may link to, newest first: each job run
+    that ended (its settle or expire entry, with the run's whole charge so far) and each
+    direct consumption (with its amount)."""
+    acct = read_account(s, account)
+    consumed = (
+        select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0))
+        .where(postings_t.c.entry_id == entries_t.c.id, postings_t.c.account_id == REVENUE)
+        .scalar_subquery()
+    )
+    rows = s.execute(
+        select(
+            entries_t.c.id,
+            entries_t.c.kind,
+            entries_t.c.effective_at,
+            entries_t.c.user,
+            entries_t.c.hold_id,
+            consumed.label("consumed_ucredits"),
+        )
+        .where(entries_t.c.account_id == acct.id, entries_t.c.kind.in_(("settle", "expire", "consume")))
+        .order_by(entries_t.c.id.desc())
+        .limit(limit)
+    ).all()
+    charges = []
+    for row in rows:
+        hold = None if row.hold_id is None else get_hold(s, row.hold_id)
+        charges.append(
+            {
+                "entry_id": row.id,
+                "kind": row.kind,
+                "effective_at": format_time(row.effective_at),
+                "user": row.user,
+                "job": None if hold is None else f"{hold.cluster}/{hold.job_id}/{hold.run}",
+                "gpus": None if hold is None else hold.gpus,
+                "charged": format_credits(row.consumed_ucredits if hold is None else hold.charged_ucredits),
+            }
+        )
+    return charges

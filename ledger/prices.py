@@ -155,9 +155,18 @@ class PriceTable:
     def price_at(self, gres: str, partition: str | None, at: datetime) -> int | None:
         """Micro-credits per GPU-hour in force at `at`: the partition's own, else the type's."""
         for key in ([(gres, partition)] if partition else []) + [(gres, None)]:
-            for effective_at, price in reversed(self._history.get(key, ())):
-                if effective_at <= at:
-                    return price
+            version = self.version_in_force(key[0], key[1], at)
+            if version is not None:
+                return self._history[key][version][1]
+        return None
+
+    def version_in_force(self, gres: str, partition: str | None, at: datetime) -> int | None:
+        """Which of the versions set for exactly this type and partition (counted in
+        effective order, ties in recording order) is the latest effective at `at`."""
+        versions = self._history.get((gres, partition), ())
+        for position in range(len(versions) - 1, -1, -1):
+            if versions[position][0] <= at:
+                return position
         return None
 
     def unit_prices(self, gres: Iterable[str], partition: str | None, at: datetime) -> dict[str, int]:
@@ -256,3 +265,17 @@ def list_prices(s: Session) -> list[dict[str, Any]]:
             )
         )
     ]
+
+
+def price_versions(s: Session, at: datetime | None = None) -> list[dict[str, Any]]:
+    """Every price version (as `list_prices`), each marked `in_force` when it is the
+    version of its type and partition that PriceTable finds in force at `at` (default now)."""
+    at = at or utcnow()
+    table = load_price_table(s)
+    seen: dict[tuple[str, str | None], int] = {}
+    marked = []
+    for version in list_prices(s):  # per type and partition, in PriceTable's version order
+        key = (version["gres"], version["partition"])
+        seen[key] = position = seen.get(key, -1) + 1
+        marked.append({**version, "in_force": position == table.version_in_force(key[0], key[1], at)})
+    return marked
