@@ -149,7 +149,8 @@ def limits_sync_command(ctx: click.Context, dry_run: bool, at: str | None, fmt: 
 @ledger_command
 def limits_show_command(ctx: click.Context, account: str, with_slurm: bool, fmt: str) -> None:
     """ACCOUNT's caps; with --slurm, the GPU limits they give its Slurm associations
-    (blocks included), what Slurm has now, and the partitions' scarcity caps, with reasons."""
+    (blocks included), what Slurm has now, and the partitions' scarcity caps, with reasons
+    (CSV: the caps only; JSON: everything)."""
     config = load_config()
     now = sync_clock(ctx)()
     with transaction() as s:

@@ -251,7 +251,7 @@ def _user_target(account: api.AccountEnforcement, user: str, parent: bool) -> Ta
     return Target(account.account, user, None, "no user cap" if member is not None else "not a ledger member")
 
 
-def targets_for(
+def _targets(
     ledger: Sequence[api.AccountEnforcement], view: SlurmView
 ) -> tuple[list[Target], list[str], list[str]]:
     """Every association of the ledger's accounts that Slurm has, with its target; notes
@@ -297,7 +297,7 @@ def plan_limits(
     `ledger` may be a few accounts (the daemon's quick re-sync after a block changed);
     `scarcity=False` leaves the partition QOS alone.
     """
-    targets, notes, missing = targets_for(ledger, view)
+    targets, notes, missing = _targets(ledger, view)
     planned: dict[Association, Value] = {}
     account_changes: dict[str, Value] = {}
     user_changes: dict[Association, Value] = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -66,7 +67,11 @@ class AccountEnforcement:
     members: tuple[MemberEnforcement, ...]
 
     def member(self, user: str) -> MemberEnforcement | None:
-        return next((m for m in self.members if m.user == user), None)
+        return self._by_user.get(user)
+
+    @cached_property
+    def _by_user(self) -> dict[str, MemberEnforcement]:
+        return {m.user: m for m in self.members}
 
 
 def enforcement(

@@ -11,12 +11,14 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import Engine
 
 from accounting_bridge import fairshare_sync
 from accounting_bridge.assoc_batch import named_commands, user_commands
@@ -107,7 +109,7 @@ def test_associations_tres_and_qos_from_sacctmgr() -> None:
 # -- the ledger's blocks and caps ----------------------------------------------------------------
 
 
-def test_blocks_follow_credit_and_daily_caps_and_lift_at_midnight(tx) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_follow_credit_and_daily_caps_and_lift_at_midnight(tx: Callable[[], Any]) -> None:
     day = datetime(2026, 12, 1, tzinfo=UTC)
     with tx() as s:
         for name in ("rich", "broke", "capped"):
@@ -140,7 +142,7 @@ def test_blocks_follow_credit_and_daily_caps_and_lift_at_midnight(tx) -> None:  
     assert next_day.blocks == () and next_day.member("bob").blocks == ()  # type: ignore[union-attr]
 
 
-def test_credit_held_by_a_running_job_is_no_block(tx) -> None:  # type: ignore[no-untyped-def]
+def test_credit_held_by_a_running_job_is_no_block(tx: Callable[[], Any]) -> None:
     with tx() as s:
         api.set_price(s, "h100", "3.60", effective_at=NOW - timedelta(days=1))
         api.create_account(s, "busy")
@@ -475,7 +477,7 @@ def test_batched_user_calls_change_exactly_the_planned_associations(
 
 
 @pytest.fixture
-def cli(db_url: str, tmp_path: Path, tx) -> Iterator[Callable[..., Result]]:  # type: ignore[no-untyped-def]
+def cli(db_url: str, tmp_path: Path, tx: Callable[[], Any]) -> Iterator[Callable[..., Result]]:
     config = tmp_path / "gpucredit.toml"
     config.write_text('[slurm]\ncluster = "lab"\n[scarcity]\npartitions = ["onprem", "cloud"]\n')
     day = NOW - timedelta(days=1)
@@ -488,7 +490,7 @@ def cli(db_url: str, tmp_path: Path, tx) -> Iterator[Callable[..., Result]]:  # 
         api.topup(s, "limsub", "10", effective_at=day)
         api.set_limits(s, "limleaf", max_gpus=4)
         api.set_limits(s, "limleaf", user="alice", max_gpus=2)
-    root = _build()
+    root = cast(click.Command, _build())
 
     def run(*args: str, runner: FakeRunner, code: int = 0, now: datetime = NOW) -> Result:
         env = {"GPUCREDIT_DATABASE_URL": db_url, "GPUCREDIT_CONFIG": str(config)}
@@ -502,7 +504,7 @@ def cli(db_url: str, tmp_path: Path, tx) -> Iterator[Callable[..., Result]]:  # 
         engine.dispose()
 
 
-def test_sync_applies_its_plan_and_a_second_run_changes_nothing(cli) -> None:  # type: ignore[no-untyped-def]
+def test_sync_applies_its_plan_and_a_second_run_changes_nothing(cli: Callable[..., Result]) -> None:
     slurm = FakeSlurm()
     dry = json.loads(cli("limits", "sync", "--dry-run", "--format", "json", runner=slurm.expect()).stdout)
     assert slurm.modified == []  # a dry run only reads
@@ -530,7 +532,7 @@ def test_sync_applies_its_plan_and_a_second_run_changes_nothing(cli) -> None:  #
     assert cli("limits", "sync", "--format", "csv", runner=slurm.expect()).stdout == ""
 
 
-def test_a_failed_call_exits_1_and_says_how_far_it_got(cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_call_exits_1_and_says_how_far_it_got(cli: Callable[..., Result]) -> None:
     slurm = FakeSlurm()
     dry = json.loads(cli("limits", "sync", "--dry-run", "--format", "json", runner=slurm.expect()).stdout)
     first, second = (tuple(argv) for argv in dry["commands"][:2])
@@ -543,7 +545,7 @@ def test_a_failed_call_exits_1_and_says_how_far_it_got(cli) -> None:  # type: ig
     )
 
 
-def test_show_with_slurm_puts_what_slurm_enforces_beside_the_ledger(cli) -> None:  # type: ignore[no-untyped-def]
+def test_show_with_slurm_puts_what_slurm_enforces_beside_the_ledger(cli: Callable[..., Result]) -> None:
     plain = cli("limits", "show", "limleaf", runner=FakeRunner()).stdout.splitlines()
     assert plain == [
         "SCOPE       MAX_GPUS  MAX_RATE  DAILY_CAP",
@@ -593,7 +595,9 @@ def test_show_with_slurm_puts_what_slurm_enforces_beside_the_ledger(cli) -> None
     )
 
 
-def test_slurm_check_lists_every_difference_and_sync_fixes_them(cli, tx) -> None:  # type: ignore[no-untyped-def]
+def test_slurm_check_lists_every_difference_and_sync_fixes_them(
+    cli: Callable[..., Result], tx: Callable[[], Any]
+) -> None:
     with tx() as s:
         api.create_account(s, "ghost")  # the ledger's only: Slurm runs nothing for it
         api.add_member(s, "dave", "limleaf")
@@ -643,7 +647,7 @@ def test_slurm_check_lists_every_difference_and_sync_fixes_them(cli, tx) -> None
         assert "physics" in api.account_names(s) and ("root", "research") in api.memberships(s)
 
 
-def test_balance_says_when_slurm_blocks_or_caps_the_account(cli) -> None:  # type: ignore[no-untyped-def]
+def test_balance_says_when_slurm_blocks_or_caps_the_account(cli: Callable[..., Result]) -> None:
     at = ("--at", "2026-12-02T10:00Z")
     blocked = cli("balance", "limtop", *at, runner=FakeRunner()).stdout.splitlines()
     assert blocked[1] == "blocked: no credit left (0.00 available, 0.00 held); GPU jobs wait in Slurm"
@@ -656,8 +660,7 @@ def test_balance_says_when_slurm_blocks_or_caps_the_account(cli) -> None:  # typ
 
 
 def test_the_keeper_syncs_everything_first_then_only_accounts_whose_block_changed(
-    tx,
-    engine,  # type: ignore[no-untyped-def]
+    tx: Callable[[], Any], engine: Engine
 ) -> None:
     day = NOW - timedelta(days=1)
     with tx() as s:

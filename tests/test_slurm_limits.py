@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -108,7 +109,7 @@ def jobs(cluster: Cluster, clock: Clock) -> Iterator[list[int]]:
         wait_for(lambda: not running(*started), "the test's jobs end")
 
 
-def wait_for(condition, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     """Poll `condition` until it is true (bounded); returns its value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -141,7 +142,7 @@ def add_member(c: Cluster, user: str, account: str) -> None:
         api.add_member(s, user, account)
 
 
-def sync_twice(c: Cluster, *args: str) -> dict:  # type: ignore[type-arg]
+def sync_twice(c: Cluster, *args: str) -> dict[str, Any]:
     """`limits sync` twice: the first's plan; the second must change nothing."""
     first = json.loads(c.gpucredit("limits", "sync", "--format", "json", *args))
     second = json.loads(c.gpucredit("limits", "sync", "--format", "json", *args))
