@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from accounting_bridge.assoc_batch import Value, named_commands, user_commands
@@ -153,7 +154,11 @@ class SlurmView:
     gpu_use: Mapping[str, tuple[int, int]]  # partition -> (GPUs, allocated)
 
     def has_subaccounts(self, account: str) -> bool:
-        return account in set(self.parents.values())
+        return account in self._parents_of_others
+
+    @cached_property
+    def _parents_of_others(self) -> frozenset[str]:
+        return frozenset(self.parents.values())
 
 
 def read_slurm(run: Runner, cluster: str, *, timeout_seconds: float = 60.0) -> SlurmView:
