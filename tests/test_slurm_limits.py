@@ -39,6 +39,9 @@ interval_seconds = 3600.0
 partitions = ["onprem"]
 """
 NO_GPU = "gres/gpu=0,gres/gpu:a100=0,gres/gpu:h100=0"
+# Output to /dev/null: job ids restart when the box is rebuilt, and another user's
+# slurm-N.out left in the shared (sticky) job directory would fail the launch.
+ONPREM = ("-p", "onprem", "-o", "/dev/null")
 LONG = ("-t", "5", "--wrap", "sleep 300")
 
 
@@ -180,17 +183,16 @@ def test_a_user_over_their_gpu_cap_waits_in_slurm_even_with_the_daemon_stopped(
         "gres/gpu:a100=2,gres/gpu:h100=2,gres/gpu=2",
     )
     jobs += [
-        cluster.box.submit(["-A", account, "-p", "onprem", f"--gres=gpu:{t}:1", *LONG])
-        for t in ("a100", "h100")
+        cluster.box.submit(["-A", account, *ONPREM, f"--gres=gpu:{t}:1", *LONG]) for t in ("a100", "h100")
     ]
     for job in jobs:
         wait_state(job, "RUNNING|None")
     cluster.stop_daemon()
     configure(cluster, "accept")  # the ledger unreachable, and the site lets jobs through
     try:
-        typed = cluster.box.submit(["-A", account, "-p", "onprem", "--gres=gpu:h100:1", *LONG])
-        untyped = cluster.box.submit(["-A", account, "-p", "onprem", "--gres=gpu:1", *LONG])
-        bobs = cluster.box.submit(["-A", account, "-p", "onprem", "--gres=gpu:1", *LONG], user="bob")
+        typed = cluster.box.submit(["-A", account, *ONPREM, "--gres=gpu:h100:1", *LONG])
+        untyped = cluster.box.submit(["-A", account, *ONPREM, "--gres=gpu:1", *LONG])
+        bobs = cluster.box.submit(["-A", account, *ONPREM, "--gres=gpu:1", *LONG], user="bob")
         jobs += [typed, untyped, bobs]
         wait_state(typed, "PENDING|AssocGrpGRES")
         wait_state(untyped, "PENDING|AssocGrpGRES")
@@ -209,7 +211,7 @@ def test_an_account_out_of_credit_is_blocked_in_slurm_and_a_top_up_starts_its_jo
 ) -> None:
     account = cluster.new_account("1")
     job = cluster.box.submit(
-        ["-A", account, "-p", "onprem", "--hold", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
+        ["-A", account, *ONPREM, "--hold", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
     )
     jobs.append(job)
     with cluster.tx() as s:
@@ -245,7 +247,7 @@ def test_an_account_past_its_daily_cap_is_blocked_until_the_next_day(
         )
         assert shown["changes"] == []
         job = cluster.box.submit(
-            ["-A", account, "-p", "onprem", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
+            ["-A", account, *ONPREM, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
         )
         jobs.append(job)
         wait_state(job, "PENDING|AssocGrpGRES")
@@ -271,11 +273,10 @@ def test_on_a_busy_partition_the_heaviest_users_next_job_waits_while_anothers_st
     add_member(cluster, "bob", light)
     submit = cluster.box.submit
     alices = [
-        submit(["-A", heavy, "-p", "onprem", f"--gres=gpu:{g}", *LONG])
-        for g in ("a100:2", "h100:2", "a100:1")
+        submit(["-A", heavy, *ONPREM, f"--gres=gpu:{g}", *LONG]) for g in ("a100:2", "h100:2", "a100:1")
     ]
     jobs += alices
-    jobs.append(submit(["-A", light, "-p", "onprem", "--gres=gpu:h100:2", *LONG], user="bob"))
+    jobs.append(submit(["-A", light, *ONPREM, "--gres=gpu:h100:2", *LONG], user="bob"))
     for job in jobs:
         wait_state(job, "RUNNING|None")
     plan = sync_twice(cluster)
@@ -288,8 +289,8 @@ def test_on_a_busy_partition_the_heaviest_users_next_job_waits_while_anothers_st
         "reason": "7 of 8 GPUs allocated (87%), more than 80%: "
         "at most 4 per user and 6 per account until below 60%",
     }
-    waits = submit(["-A", heavy, "-p", "onprem", "--gres=gpu:1", *LONG])
-    starts = submit(["-A", light, "-p", "onprem", "--gres=gpu:1", *LONG], user="bob")
+    waits = submit(["-A", heavy, *ONPREM, "--gres=gpu:1", *LONG])
+    starts = submit(["-A", light, *ONPREM, "--gres=gpu:1", *LONG], user="bob")
     jobs += [waits, starts]
     wait_state(starts, "RUNNING|None")
     wait_state(waits, "PENDING|QOSMaxGRESPerUser")
