@@ -779,6 +779,9 @@ class _Supervisor:
     def prepare(self) -> None:
         """Config files, hooks, fake GPUs, Unix users, directories."""
         box = self.box
+        # Job ids restart at 1 with Slurm's state wiped: an old slurm-N.out of another user
+        # in the sticky job directory would make job N fail to launch (JobLaunchFailure).
+        shutil.rmtree(JOB_DIR, ignore_errors=True)
         for d in (STATE_DIR / "slurmctld", *(STATE_DIR / "slurmd" / n for n in NODES), JOB_DIR):
             d.mkdir(parents=True, exist_ok=True)
         JOB_DIR.chmod(0o1777)
