@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from ledger.holds import holds_t
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.prices import parse_pairs
-from ledger.reports import _split as split_by_weights
+from ledger.reports import split_by_weights
 
 __all__ = ["AccountCharges", "ChargeCounter", "ChargeTotals", "GresCharges"]
 

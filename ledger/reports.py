@@ -18,7 +18,7 @@ from ledger.prices import parse_pairs
 GROUPS = ("day", "gres", "user", "partition", "account")
 
 
-def _split(amount: int, weights: dict[str, int]) -> dict[str, int]:
+def split_by_weights(amount: int, weights: dict[str, int]) -> dict[str, int]:
     """Split an integer amount by weights with largest remainders, so parts sum exactly."""
     total = sum(weights.values())
     if total == 0:
@@ -77,7 +77,7 @@ def usage_report(
         if by == "gres":
             prices = parse_pairs(row.unit_prices) if row.unit_prices else {}
             weights = {g: n * prices.get(g, 0) for g, n in gpus.items()}
-            shares = _split(row.amount_ucredits, weights) if gpus else {"-": row.amount_ucredits}
+            shares = split_by_weights(row.amount_ucredits, weights) if gpus else {"-": row.amount_ucredits}
             for gres, amount in shares.items():
                 _add(groups, gres, amount, gpus.get(gres, 0) * delta_seconds, row.hold_id)
             continue

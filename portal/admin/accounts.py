@@ -70,31 +70,25 @@ def set_limits(account: str) -> Any:
 @admin_bp.post("/accounts/<account>/grants")
 def grant(account: str) -> Any:
     """Allocated or promotional credit, optionally time-windowed and prioritised."""
-    try:
-        with transaction() as s:
-            priority = forms.optional_whole_number("priority", "priority", code="invalid_priority")
-            ranked: dict[str, Any] = {} if priority is None else {"priority": priority}  # else the ledger's
-            result = api.grant(
-                s,
-                account,
-                forms.text("amount"),
-                effective_at=forms.optional_time("effective", "effective time"),
-                expires_at=forms.optional_time("expires", "expiry"),
-                reference=forms.optional_text("reference"),
-                idempotency_key=forms.idempotency_key(),
-                **ranked,
-            )
-    except LedgerError as error:
-        return account_page(account, failed="grant", error=error)
-    return _done(account, f"Grant of {result['grant']['amount']} credits to {account} recorded.")
+    return _record_credit(account, "grant")
 
 
 @admin_bp.post("/accounts/<account>/topups")
 def topup(account: str) -> Any:
     """Credit paid outside the portal (an invoice): recorded as paid, spendable at once."""
+    return _record_credit(account, "topup")
+
+
+def _record_credit(account: str, kind: str) -> Any:
+    """A grant or a paid top-up from the account page's form; only a grant has a priority."""
     try:
         with transaction() as s:
-            result = api.topup(
+            extra: dict[str, Any] = {}
+            if kind == "grant":
+                priority = forms.optional_whole_number("priority", "priority", code="invalid_priority")
+                if priority is not None:  # else the ledger's default
+                    extra["priority"] = priority
+            result = (api.grant if kind == "grant" else api.topup)(
                 s,
                 account,
                 forms.text("amount"),
@@ -102,10 +96,12 @@ def topup(account: str) -> Any:
                 expires_at=forms.optional_time("expires", "expiry"),
                 reference=forms.optional_text("reference"),
                 idempotency_key=forms.idempotency_key(),
+                **extra,
             )
     except LedgerError as error:
-        return account_page(account, failed="topup", error=error)
-    return _done(account, f"Top-up of {result['grant']['amount']} credits to {account} recorded.")
+        return account_page(account, failed=kind, error=error)
+    what = "Grant" if kind == "grant" else "Top-up"
+    return _done(account, f"{what} of {result['grant']['amount']} credits to {account} recorded.")
 
 
 @admin_bp.post("/accounts/<account>/adjustments")
