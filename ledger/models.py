@@ -159,6 +159,13 @@ class Grant(Base):
         ),
         CheckConstraint("expires_at IS NULL OR expires_at > effective_at", name="window"),
         Index(None, "account_id", "expires_at"),
+        # "Now" reads only grants with credit left; used-up ones pile up (migration 0006).
+        Index(
+            "ix_grants_live",
+            "account_id",
+            postgresql_where=text("remaining_ucredits > 0"),
+            sqlite_where=text("remaining_ucredits > 0"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -277,6 +284,28 @@ class Posting(Base):
     grant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     bucket: Mapped[str] = mapped_column(String(16))
     amount_ucredits: Mapped[Ucredits]
+
+
+class BalanceCheckpoint(Base):
+    """An account's journal sums per (grant, bucket) over entries effective at or before
+    `as_of` and numbered at most `through_seq`: where a balance at any time starts
+    instead of scanning the journal. Append-only; see ledger/checkpoints.py."""
+
+    __tablename__ = "balance_checkpoints"
+    __table_args__ = (
+        CheckConstraint("bucket IN ('available', 'held', 'debt')", name="bucket"),
+        Index(None, "account_id", "as_of", "through_seq"),
+        Index(None, "account_id", "through_seq"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    as_of: Mapped[Timestamp]
+    through_seq: Mapped[int] = mapped_column(BigInteger)
+    grant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    bucket: Mapped[str] = mapped_column(String(16))
+    amount_ucredits: Mapped[Ucredits]
+    taken_at: Mapped[Timestamp]
 
 
 class IdempotencyKey(Base):
