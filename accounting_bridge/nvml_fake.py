@@ -38,6 +38,7 @@ was not checked against a real MIG GPU; the fake answers
 
 from __future__ import annotations
 
+import ctypes
 import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -426,17 +427,20 @@ class FakeNvml:
         gpu, _ = self._gpu(device, mig_ok=False)
         if not gpu.mig_capable:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        limit = gpu.max_mig_devices if gpu.mig_enabled else 0
-        if not isinstance(index, int) or not 0 <= index < limit:
+        if not gpu.mig_enabled:
+            # What an H200 with MIG off answers (recorded: tests/fixtures/nvml_h200_recording.json).
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        if not isinstance(index, int) or not 0 <= index < gpu.max_mig_devices:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         if index not in gpu.mig_devices:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return _Handle(device.gpu_index, index)
 
-    def nvmlDeviceIsMigDeviceHandle(self, device: _Handle) -> int:
+    def nvmlDeviceIsMigDeviceHandle(self, device: _Handle) -> ctypes.c_uint:
+        """pynvml returns the ctypes out-parameter itself, not its value (so does this)."""
         self._require_init("nvmlDeviceIsMigDeviceHandle")
         self._gpu(device, mig_ok=True)
-        return int(device.mig_index is not None)
+        return ctypes.c_uint(int(device.mig_index is not None))
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: _Handle) -> _Handle:
         self._require_init("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")

@@ -116,6 +116,49 @@ def test_fake_and_real_fail_alike_without_init_and_without_a_driver(pynvml: Any)
     assert _code(FakeNvml(library_present=False).nvmlInit) == real
 
 
+# --------------------------------------------------------------------------- the fake vs a real GPU
+
+RECORDING = Path(__file__).parent / "fixtures" / "nvml_h200_recording.json"
+# Values that change from one reading to the next: compared by type, not value.
+LIVE_FIELDS = {"used", "free", "gpu", "memory", "pid", "usedGpuMemory"}
+
+
+def _shape(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v, key) for v in value]
+    return type(value).__name__ if key in LIVE_FIELDS or key.endswith("Consumption") else value
+
+
+def test_fake_answers_every_sampled_call_like_a_recorded_h200() -> None:
+    """bench/nvml_device.py recorded these on a real H200 (driver 580.159.04) under
+    load; the fake set up as that GPU must answer each call alike: the same results
+    and fields, the same NVML error for what the GPU cannot do."""
+    from bench.nvml_device import record_calls
+
+    real = json.loads(RECORDING.read_text())["under_load"]
+    uuid, name = real["nvmlDeviceGetUUID"]["result"], real["nvmlDeviceGetName"]["result"]
+    process = real["nvmlDeviceGetComputeRunningProcesses"]["result"][0]
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                uuid,
+                name=name,
+                memory_total_bytes=real["nvmlDeviceGetMemoryInfo"]["result"]["total"],
+                mig_capable=True,
+                processes=[FakeProcess(process["pid"], process["usedGpuMemory"])],
+            )
+        ]
+    )
+    fake.nvmlInit()
+    recorded = record_calls(fake)
+    del real["driver"], recorded["driver"]  # informational; the sampler never asks
+    real["nvmlDeviceGetTotalEnergyConsumption"]["result"] = 0  # a counter: its type is what matters
+    recorded["nvmlDeviceGetTotalEnergyConsumption"]["result"] = 0
+    assert _shape(recorded) == _shape(real)
+
+
 def mig_node() -> FakeNvml:
     """GPU 0 in MIG mode with instances in slots 0 and 2; GPU 1 whole."""
     return FakeNvml(
@@ -161,7 +204,7 @@ def test_fake_raises_nvml_codes_for_unsupported_calls(pynvml: Any) -> None:
     assert fake.nvmlDeviceGetMaxMigDeviceCount(mig_gpu) == 7
     assert fake.nvmlDeviceGetMaxMigDeviceCount(whole) == 0
     assert fake.nvmlDeviceGetUUID(instance) == "MIG-a"
-    assert fake.nvmlDeviceIsMigDeviceHandle(instance) == 1
+    assert fake.nvmlDeviceIsMigDeviceHandle(instance).value == 1
     assert fake.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(instance) == mig_gpu
     memory = fake.nvmlDeviceGetMemoryInfo(instance)
     assert (memory.total, memory.used, memory.free) == (10 * GiB, 0, 10 * GiB)
