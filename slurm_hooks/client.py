@@ -3,6 +3,15 @@
 Stdlib only and cheap to import: Slurm hooks start a fresh interpreter per
 job, so nothing here may pull in click, SQLAlchemy or the ledger.
 
+Failover (two controllers, docs/admin-guide.md "Two controllers"): the client may
+be given several daemon sockets, tried in order within ONE overall deadline. A
+daemon that is missing, refuses, hangs, garbles its reply or says `unavailable`
+is skipped for the next; an answer (a result or a refusal) is final. Each try
+gets an equal share of the time left, so a hanging first daemon still leaves the
+next one half the deadline. Nothing is remembered between calls: hooks are
+one-shot processes. Retrying on another daemon is safe because every request is
+idempotent per job run and both daemons share one database.
+
 Wire protocol: one UTF-8 JSON object per line with an "op" key; one reply
 line, `{"ok": true, "result": {...}}` or
 `{"ok": false, "error": {"code", "message", "details"}}`.
@@ -27,6 +36,7 @@ import time
 # `typing` costs milliseconds to import and is needed only by type checkers here.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 __all__ = [
@@ -68,32 +78,62 @@ class DaemonRefused(DaemonError):
 
 
 class DaemonClient:
-    """One request per connection; `timeout` bounds the whole exchange."""
+    """One request per connection; `timeout` bounds the whole call, failovers included.
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_TIMEOUT_SECONDS):
-        self.socket_path = socket_path
+    `socket_path` is one path or a sequence of paths (primary first).
+    """
+
+    def __init__(
+        self, socket_path: str | Sequence[str] = DEFAULT_SOCKET, timeout: float = DEFAULT_TIMEOUT_SECONDS
+    ) -> None:
+        paths = (socket_path,) if isinstance(socket_path, str) else tuple(socket_path)
+        if not paths:
+            raise ValueError("DaemonClient needs at least one socket path")
+        self.socket_paths = paths
+        self.socket_path = paths[0]
         self.timeout = timeout
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send `op` with `fields`; return the reply's `result` object."""
-        request = json.dumps({"op": op, **fields}, ensure_ascii=True, separators=(",", ":"))
-        raw = self._exchange(request.encode("ascii") + b"\n")
-        return self._decode(raw)
+        """Send `op` with `fields`; return the reply's `result` object.
 
-    def _exchange(self, payload: bytes) -> bytes:
+        Tries each socket in order until one answers; raises DaemonUnreachable
+        with every socket's reason when none does within `timeout`.
+        """
+        request = json.dumps({"op": op, **fields}, ensure_ascii=True, separators=(",", ":"))
+        payload = request.encode("ascii") + b"\n"
         deadline = time.monotonic() + self.timeout
+        failures: list[DaemonUnreachable] = []
+        count = len(self.socket_paths)
+        for index, path in enumerate(self.socket_paths):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                failures.append(
+                    DaemonUnreachable(f"{path}: not tried, the {self.timeout:g} s deadline passed")
+                )
+                continue
+            share = remaining / (count - index)  # equal shares of what is left
+            try:
+                return self._decode(path, self._exchange(path, payload, share))
+            except DaemonUnreachable as e:
+                failures.append(e)
+        if len(failures) == 1:
+            raise failures[0]
+        raise DaemonUnreachable("no daemon answered: " + "; ".join(str(f) for f in failures))
+
+    def _exchange(self, path: str, payload: bytes, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
         try:
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
-                sock.settimeout(self.timeout)
-                sock.connect(self.socket_path)
+                sock.settimeout(timeout)
+                self._connect(sock, path, deadline)
                 sock.sendall(payload)
                 chunks: list[bytes] = []
                 received = 0
                 while True:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise DaemonUnreachable(f"no reply from {self.socket_path} within {self.timeout:g} s")
+                        raise DaemonUnreachable(f"no reply from {path} within {timeout:g} s")
                     sock.settimeout(remaining)
                     chunk = sock.recv(65536)
                     if not chunk:
@@ -105,24 +145,43 @@ class DaemonClient:
                     chunks.append(chunk)
                     received += len(chunk)
                     if received > MAX_REPLY_BYTES:
-                        raise DaemonUnreachable(f"reply from {self.socket_path} is too long")
+                        raise DaemonUnreachable(f"reply from {path} is too long")
             finally:
                 sock.close()
         except TimeoutError as e:
-            raise DaemonUnreachable(f"no reply from {self.socket_path} within {self.timeout:g} s") from e
+            raise DaemonUnreachable(f"no reply from {path} within {timeout:g} s") from e
         except OSError as e:  # missing socket, refused, reset, permission
-            raise DaemonUnreachable(f"cannot reach {self.socket_path}: {e}") from e
+            raise DaemonUnreachable(f"cannot reach {path}: {e}") from e
         return b"".join(chunks)
 
-    def _decode(self, raw: bytes) -> dict[str, Any]:
+    @staticmethod
+    def _connect(sock: _socket.socket, path: str, deadline: float) -> None:
+        """Connect, waiting while the daemon's listen backlog is full.
+
+        A Unix stream socket with a timeout does not wait for room in a full backlog:
+        connect fails at once with EAGAIN (seen with 16 hooks at once against a
+        backlog of 5). A burst of prologs (an array starting) must queue, not fail.
+        """
+        pause = 0.002
+        while True:
+            try:
+                sock.connect(path)
+                return
+            except BlockingIOError:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+
+    def _decode(self, path: str, raw: bytes) -> dict[str, Any]:
         if not raw.strip():
-            raise DaemonUnreachable(f"empty reply from {self.socket_path}")
+            raise DaemonUnreachable(f"empty reply from {path}")
         try:
             reply = json.loads(raw)
         except ValueError as e:  # includes UnicodeDecodeError
-            raise DaemonUnreachable(f"garbled reply from {self.socket_path}: {raw[:80]!r}") from e
+            raise DaemonUnreachable(f"garbled reply from {path}: {raw[:80]!r}") from e
         if not isinstance(reply, dict):
-            raise DaemonUnreachable(f"garbled reply from {self.socket_path}: {raw[:80]!r}")
+            raise DaemonUnreachable(f"garbled reply from {path}: {raw[:80]!r}")
         if reply.get("ok") is True and isinstance(reply.get("result"), dict):
             return reply["result"]
         error = reply.get("error")
@@ -131,6 +190,6 @@ class DaemonClient:
             message = str(error.get("message") or code)
             details = error.get("details")
             if code in UNAVAILABLE_CODES:
-                raise DaemonUnreachable(f"daemon unavailable: {message}")
+                raise DaemonUnreachable(f"daemon at {path} unavailable: {message}")
             raise DaemonRefused(code, message, details if isinstance(details, dict) else None)
-        raise DaemonUnreachable(f"garbled reply from {self.socket_path}: {raw[:80]!r}")
+        raise DaemonUnreachable(f"garbled reply from {path}: {raw[:80]!r}")

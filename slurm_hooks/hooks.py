@@ -8,9 +8,11 @@ allocation, and talk to the resident `gpucredit daemon` (client.py).
 Exit codes, and why (docs/slurm-facts.md §6):
 
     prolog-slurmctld  0  hold taken, no GPUs, or ledger down under policy accept
-                      1  refused (or ledger down under policy reject): the job
-                         is put on hold with a reason first, because a bare
-                         non-zero exit only requeues it and it would loop
+                         (within the outage credit lines: outage_spool.py)
+                      1  refused (or ledger down under policy reject, or past an
+                         outage credit line): the job is put on hold with a
+                         reason first, because a bare non-zero exit only
+                         requeues it and it would loop
     epilog-slurmctld  0  always (Slurm only logs its exit code; the bridge
                          reconciles from sacct whatever was not settled)
     prolog, epilog    0  always (a failing node hook drains the node)
@@ -52,6 +54,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from slurm_hooks.outage_spool import OutageSettings
+
 __all__ = [
     "DEFAULT_CONFIG",
     "HOOKS",
@@ -77,8 +81,13 @@ POLICIES = ("reject", "accept")
 # so that a hook does not parse TOML on every job (tomllib alone costs several ms).
 SETTINGS_KEYS = (
     ("daemon", "socket"),
+    ("daemon", "sockets"),
     ("daemon", "timeout_seconds"),
     ("policy", "on_ledger_unreachable"),
+    ("policy", "outage_spool_dir"),
+    ("policy", "outage_credit_line_per_account"),
+    ("policy", "outage_credit_line_fleet"),
+    ("policy", "outage_credit_lines"),
     ("slurm", "cluster"),
     ("slurm", "bin_dir"),
     ("agent", "spool_dir"),
@@ -189,8 +198,8 @@ class HookConfig:
     """
 
     __slots__ = (
-        "bin_dir", "cluster", "log_file", "on_ledger_unreachable", "socket_path", "spool_dir",
-        "timeout_seconds",
+        "bin_dir", "cluster", "log_file", "on_ledger_unreachable", "socket_path", "socket_paths",
+        "spool_dir", "timeout_seconds",
     )  # fmt: skip
 
     def __init__(
@@ -203,8 +212,11 @@ class HookConfig:
         spool_dir: str = DEFAULT_SPOOL_DIR,
         # Slurm discards what hooks print; one line per hook run goes here too.
         log_file: str | None = None,
+        # Daemons to try in order within one deadline (two controllers); default [socket_path].
+        socket_paths: Sequence[str] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.socket_paths = tuple(socket_paths) if socket_paths else (socket_path,)
         self.timeout_seconds = timeout_seconds
         self.on_ledger_unreachable = on_ledger_unreachable
         self.cluster = cluster
@@ -304,10 +316,17 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
     def is_timeout(value: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 60
 
+    def is_path_list(value: Any) -> bool:
+        return isinstance(value, list) and 0 < len(value) <= 8 and all(is_path(v) for v in value)
+
     cluster = pick(slurm, "cluster", None, lambda v: isinstance(v, str) and v != "")
+    # daemon.sockets (two controllers) names every daemon to try, primary first.
+    sockets = pick(daemon, "sockets", None, is_path_list)
+    socket_path = sockets[0] if sockets else pick(daemon, "socket", defaults.socket_path, is_path)
     return (
         HookConfig(
-            socket_path=pick(daemon, "socket", defaults.socket_path, is_path),
+            socket_path=socket_path,
+            socket_paths=sockets,
             timeout_seconds=float(pick(daemon, "timeout_seconds", defaults.timeout_seconds, is_timeout)),
             on_ledger_unreachable=pick(policy, "on_ledger_unreachable", "reject", lambda v: v in POLICIES),
             cluster=cluster,
@@ -432,7 +451,7 @@ class _Hook:
         self.sink(f"gpucredit[{self.name}] job={self.job_id} run={self.run_index}: {message}")
 
     def client(self) -> DaemonClient:
-        return DaemonClient(self.config.socket_path, self.config.timeout_seconds)
+        return DaemonClient(self.config.socket_paths, self.config.timeout_seconds)
 
     def show_job(self) -> JobInfo:
         text = self.run([self.config.scontrol, "show", "job", "-d", "-o", str(self.job_id)])
@@ -484,19 +503,41 @@ class _Hook:
             self.log(f"refused ({e.code}): {e.message}; {outcome}")
             return 1
         except DaemonUnreachable as e:
-            return self._ledger_unreachable(str(e))
+            return self._ledger_unreachable(str(e), request)
         self.log(
             f"hold {hold.get('id')} of {hold.get('amount')} credits for "
             f"{_gpu_text(job.gpus)} x {job.time_limit_seconds}s on account {request['account']}"
         )
         return 0
 
-    def _ledger_unreachable(self, why: str) -> int:
+    def _ledger_unreachable(self, why: str, request: Mapping[str, Any] | None = None) -> int:
         if self.config.on_ledger_unreachable == "accept":
-            self.log(f"ledger unreachable ({why}); job runs by site policy (accept)")
-            return 0
+            return self._accept_in_outage(why, request)
         outcome = self.hold_job(UNREACHABLE_REASON)
         self.log(f"ledger unreachable ({why}); site policy is reject; {outcome}")
+        return 1
+
+    def _outage(self) -> OutageSettings:
+        # Imported here: only a hook that finds the ledger down counts runs.
+        from slurm_hooks.outage_spool import OutageSettings
+
+        problems: list[str] = []
+        path = self.environ.get("GPUCREDIT_CONFIG") or DEFAULT_CONFIG
+        data, source = _read_settings(self.environ, path, problems)
+        settings = OutageSettings.from_policy(_table(data, "policy"))
+        for problem in problems + settings.problems:
+            self.log(f"config: {source}: {problem}")
+        return settings
+
+    def _accept_in_outage(self, why: str, request: Mapping[str, Any] | None) -> int:
+        """Policy accept: admit the run within the outage credit lines, counted in the
+        spool (outage_spool.py) for the ledger to charge when it returns."""
+        admitted, note = self._outage().admit(request, self.now())
+        if admitted:
+            self.log(f"ledger unreachable ({why}); job runs by site policy (accept); {note}")
+            return 0
+        outcome = self.hold_job(note)
+        self.log(f"ledger unreachable ({why}); site policy is accept: {note}; {outcome}")
         return 1
 
     # --- EpilogSlurmctld -------------------------------------------------
@@ -538,18 +579,23 @@ class _Hook:
             hold = self.client().call("settle", **request)
         except DaemonRefused as e:
             if e.code == "not_found":
-                self.log(f"no hold for this run; nothing to settle{note}")
+                self.log(f"no hold for this run; nothing to settle{note}{self._end_outage_run(request)}")
             else:
                 self.log(f"settle refused ({e.code}): {e.message}{note}")
             return 0
         except DaemonUnreachable as e:
-            self.log(f"ledger unreachable ({e}); the bridge will reconcile this run{note}")
+            spooled = self._end_outage_run(request)
+            self.log(f"ledger unreachable ({e}); the bridge will reconcile this run{note}{spooled}")
             return 0
         self.log(
             f"settled hold {hold.get('id')}: charged {hold.get('charged')} of "
             f"{hold.get('amount')} credits ({request['start']} .. {request['end']}){note}"
         )
         return 0
+
+    def _end_outage_run(self, request: Mapping[str, Any]) -> str:
+        """Note the end of a run admitted during an outage, for the ledger's read-back."""
+        return self._outage().end(request)
 
     # --- node Prolog / Epilog --------------------------------------------
 
