@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,6 +62,30 @@ def ensure_account(s: Session, name: str) -> bool:
 def lock_account(s: Session, name: str) -> LockedAccount:
     """Lock one customer account row for the rest of the transaction."""
     return read_account(s, name, lock=True)
+
+
+def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> None:
+    """Lock several customer accounts in one statement, in id order (PostgreSQL).
+
+    For a batch of single-account operations in one transaction (the daemon's group
+    commit): locked one by one in arrival order, two batches could take the same two
+    accounts in opposite orders and deadlock. `ids` may be a subquery. SQLite's
+    BEGIN IMMEDIATE already holds the whole database.
+    """
+    if s.get_bind().dialect.name != "postgresql":
+        return
+    wanted = []
+    if names:
+        wanted.append(accounts_t.c.name.in_(sorted(names)))
+    if ids is not None:
+        wanted.append(accounts_t.c.id.in_(ids))
+    if wanted:
+        s.execute(
+            select(accounts_t.c.id)
+            .where(accounts_t.c.kind == "customer", or_(*wanted))
+            .order_by(accounts_t.c.id)
+            .with_for_update()
+        )
 
 
 def lock_account_by_id(s: Session, account_id: Any) -> LockedAccount | None:

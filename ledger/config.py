@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
         # the `gpucredit topup` command (gpucredit.daemon.top_up_hint).
         "top_up_hint": None,
         "slurm_refresh_seconds": 60.0,  # how often the daemon re-reads partitions (sinfo)
+        # Holds and settles are committed in batches of at most this many (group commit).
+        "batch_max": 64,
     },
     "policy": {
         "on_ledger_unreachable": "reject",

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from ledger.accounts import check_name, lock_account, lock_account_by_id
+from ledger.accounts import check_name, lock_account, lock_account_by_id, lock_accounts
 from ledger.bulk import insert_rows, update_rows
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, NotFound
 from ledger.grants import (
@@ -242,6 +242,17 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
         .limit(limit)
     )
     return [ActiveRun(*row) for row in s.execute(query)]
+
+
+def lock_batch(s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]) -> None:
+    """Lock, in id order, the accounts a batch will touch: those named by its holds and
+    those of the active holds of its settles' `(cluster, job_id)` (the daemon's group commit)."""
+    owners = None
+    if jobs:
+        owners = select(holds_t.c.account_id).where(
+            holds_t.c.state == "active", tuple_(holds_t.c.cluster, holds_t.c.job_id).in_(sorted(jobs))
+        )
+    lock_accounts(s, accounts, owners)
 
 
 def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:

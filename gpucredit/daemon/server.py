@@ -14,6 +14,10 @@ learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm
 only background loops run other commands: the release loop (scontrol) and, with
 `limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
 
+Holds and settles are applied in batches by one writer (gpucredit.daemon.group_commit):
+one transaction per batch, each request answered on its own; quotes (`submit`) read the
+snapshot and never wait on a batch.
+
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
 """
 
@@ -26,7 +30,7 @@ import signal
 import socketserver
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,9 +41,10 @@ from accounting_bridge.limits_keeper import LimitsKeeper
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
+from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
-from ledger.api import RoutingConfig, SnapshotKeeper, parse_share
+from ledger.api import RoutingConfig, SnapshotKeeper, lock_batch, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
@@ -93,11 +98,20 @@ class Daemon:
             else None
         )
         self.credit_held: set[int] = set()
+        self.batches = GroupCommitter(
+            self.sessions,
+            {
+                "hold": lambda s, request: service.hold(s, request, grace_seconds=self.grace_seconds),
+                "settle": service.settle,
+            },
+            batch_max=config["daemon"]["batch_max"],
+            prepare=_lock_batch_accounts,
+        )
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda request: {"pong": True},
             "submit": self._submit,
             "hold": self._hold,
-            "settle": self._in_tx(service.settle),
+            "settle": lambda request: self.batches.submit("settle", request),
             # Node hooks announce GPU registrations; the agent reads the registry files
             # themselves, so the daemon only acknowledges these.
             "job_started": lambda request: {},
@@ -105,17 +119,9 @@ class Daemon:
         }
         self.metrics = daemon_metrics.for_daemon(config, self.handlers)
 
-    def _in_tx(self, func: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
-        def handler(request: dict[str, Any]) -> Any:
-            with self.sessions() as s, s.begin():
-                return func(s, request)
-
-        return handler
-
     def _hold(self, request: dict[str, Any]) -> Any:
         try:
-            with self.sessions() as s, s.begin():
-                return service.hold(s, request, grace_seconds=self.grace_seconds)
+            return self.batches.submit("hold", request)
         except (InsufficientCredits, LimitExceeded):
             # The prolog will hold this job; release it as soon as its account can pay.
             with self._lock:
@@ -172,6 +178,8 @@ class Daemon:
             return {"ok": False, "error": error.as_dict()}
         except (OperationalError, DBAPIError) as error:
             log.error("ledger database unavailable: %s", error.orig if error.orig else error)
+            return _unavailable()
+        except BatchFailed:  # logged once for the whole batch by the writer
             return _unavailable()
         except (KeyError, TypeError, ValueError) as error:
             return _error("bad_request", f"malformed {request['op']} request: {error!r}")
@@ -304,10 +312,28 @@ class Daemon:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             server.server_close()
+            self.batches.stop()
             stop_metrics()
             path.unlink(missing_ok=True)
             self.engine.dispose()
             log.info("gpucredit daemon stopped")
+
+
+def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> None:
+    """Lock the accounts of a batch's holds and settles in id order before any runs;
+    a malformed request locks nothing and is refused on its own turn."""
+    accounts: set[str] = set()
+    jobs: set[tuple[str, int]] = set()
+    for pending in batch:
+        request = pending.request
+        try:
+            if pending.op == "hold":
+                accounts.add(str(request["account"]))
+            else:
+                jobs.add((str(request["cluster"]), int(request["job_id"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    lock_batch(s, accounts, jobs)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:

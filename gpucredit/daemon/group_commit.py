@@ -1,0 +1,173 @@
+"""Group commit: the daemon's holds and settles, applied in batches by one writer thread.
+
+A commit costs a round trip and a WAL flush whatever it holds, so one transaction per
+hook request caps the daemon at what the database commits per second. Requests queue
+here; the writer takes everything waiting (at most `batch_max`) as one batch, locks
+the batch's accounts in id order (so two lockers never wait on each other in a cycle),
+and runs each request inside its own SAVEPOINT: a refusal, bad input or any error of
+one request rolls back that request alone and is answered to it alone, while the
+others commit together. A lone request never waits for company: the writer flushes
+as soon as the queue is empty (classic group commit; batches grow only while the
+previous one is being written).
+
+When the database fails under the batch (a restart, a killed connection, a failed
+COMMIT) nothing of it commits and every request in it is answered `BatchFailed`,
+which the daemon turns into the retryable `unavailable` the hooks already handle.
+Every request is idempotent, so a retry after an ambiguous COMMIT is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from ledger.errors import LedgerError
+
+log = logging.getLogger("gpucredit.daemon")
+
+Work = Callable[[Session, dict[str, Any]], Any]
+# Locks what a batch will touch, before its first request runs (may do nothing).
+Prepare = Callable[[Session, Sequence["Pending"]], None]
+
+DEFAULT_BATCH_MAX = 64
+
+
+class BatchFailed(Exception):
+    """The database failed under the batch: nothing of it was committed; retry."""
+
+
+class Pending:
+    """One queued request: filled in by the writer, waited on by its connection's thread."""
+
+    __slots__ = ("done", "error", "op", "request", "result")
+
+    def __init__(self, op: str, request: dict[str, Any]) -> None:
+        self.op = op
+        self.request = request
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class GroupCommitter:
+    """Queue `submit(op, request)` calls and apply them in batches, one transaction each."""
+
+    def __init__(
+        self,
+        sessions: Callable[[], Session],
+        work: dict[str, Work],
+        *,
+        batch_max: int = DEFAULT_BATCH_MAX,
+        prepare: Prepare | None = None,
+    ) -> None:
+        if not isinstance(batch_max, int) or isinstance(batch_max, bool) or batch_max < 1:
+            raise ValueError(f"daemon.batch_max must be a whole number >= 1, not {batch_max!r}")
+        self.sessions = sessions
+        self.work = work
+        self.batch_max = batch_max
+        self.prepare = prepare
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        # Sizes of the batches written, for metrics and the tests: (batches, requests).
+        self.batches = 0
+        self.requests = 0
+
+    def submit(self, op: str, request: dict[str, Any]) -> Any:
+        """Apply one request in the next batch; return its result or raise its own error."""
+        if op not in self.work:
+            raise KeyError(op)
+        self._ensure_writer()
+        pending = Pending(op, request)
+        self._queue.put(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def stop(self) -> None:
+        """Let the writer finish what is queued, then end it."""
+        with self._start_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            self._queue.put(None)
+            writer.join(30)
+
+    def _ensure_writer(self) -> None:
+        if self._writer is not None:
+            return
+        with self._start_lock:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_forever, name="group-commit", daemon=True)
+                self._writer.start()
+
+    def _write_forever(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stopping = False
+            while len(batch) < self.batch_max:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break  # flush now: nobody else is waiting
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            try:
+                self.apply(batch)
+            finally:
+                for pending in batch:
+                    pending.done.set()
+            if stopping:
+                return
+
+    def apply(self, batch: Sequence[Pending]) -> None:
+        """One transaction for `batch`; each request answered in its own Pending."""
+        self.batches += 1
+        self.requests += len(batch)
+        try:
+            with self.sessions() as s, s.begin():
+                if self.prepare is not None:
+                    self.prepare(s, batch)
+                for pending in batch:
+                    self._apply_one(s, pending)
+        except SQLAlchemyError as error:
+            log.error(
+                "ledger database failed under a batch of %d; none of it committed: %s",
+                len(batch),
+                error.orig if isinstance(error, DBAPIError) and error.orig else error,
+            )
+            for pending in batch:
+                pending.result = None
+                pending.error = BatchFailed(str(error))
+
+    def _apply_one(self, s: Session, pending: Pending) -> None:
+        try:
+            with s.begin_nested():  # SAVEPOINT: a failure here undoes this request only
+                pending.result = self.work[pending.op](s, pending.request)
+        except Exception as error:  # answered to its own client; the batch goes on
+            if isinstance(error, SQLAlchemyError) and not _still_usable(s):
+                raise  # the connection is gone: the whole batch fails
+            if not isinstance(error, (LedgerError, SQLAlchemyError, LookupError, TypeError, ValueError)):
+                log.exception("%s request failed: %r", pending.op, pending.request)
+            pending.error = error
+
+
+def _still_usable(s: Session) -> bool:
+    """Whether the batch's transaction survived a request's database error (its
+    savepoint rolled back); a dropped connection or an aborted transaction did not."""
+    try:
+        s.connection().exec_driver_sql("SELECT 1")
+    except SQLAlchemyError:
+        return False
+    return True
