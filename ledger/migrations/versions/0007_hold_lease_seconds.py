@@ -1,0 +1,27 @@
+"""Holds record how they were taken: lease_seconds is the lease window, NULL a full hold.
+
+Lease mode (DESIGN §4) holds rate × window and the meter renews it; a full hold covers
+the whole time limit. The meter reads this column, not the configured mode, so switching
+holds.mode on a running cluster never renews a full hold nor leaves a lease unrenewed.
+
+Revision ID: 0007
+Revises: 0006
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("holds") as batch:
+        batch.add_column(sa.Column("lease_seconds", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("holds") as batch:
+        batch.drop_column("lease_seconds")
