@@ -34,6 +34,7 @@ from ledger.accounts import (
     lock_account_by_id,
     show_limits,
 )
+from ledger.adjustments import Adjustment, adjust_holds
 from ledger.balance import account_summary, balance
 from ledger.charge_counter import ChargeCounter, ChargeTotals
 from ledger.credit_use import CreditUse, credit_use, parse_share
@@ -115,6 +116,7 @@ __all__ = [
     "AccountEnforcement",
     "AccountTotals",
     "ActiveRun",
+    "Adjustment",
     "Block",
     "CapOverrun",
     "ChargeCounter",
@@ -142,6 +144,7 @@ __all__ = [
     "add_member",
     "adjust",
     "adjust_hold",
+    "adjust_holds",
     "authenticate_token",
     "balance",
     "cancel_payment",
