@@ -40,6 +40,7 @@ def _build() -> object:
     from accounting_bridge.fairshare_cli import fairshare
     from accounting_bridge.limits_cli import limits_show_command, limits_sync_command
     from accounting_bridge.meter import meter_command
+    from accounting_bridge.policy_cli import policy
     from accounting_bridge.slurm_check import slurm_check_command
     from ledger.cli import COMMANDS, account_group, limits_group
     from portal.cli import COMMANDS as PORTAL_COMMANDS
@@ -54,6 +55,7 @@ def _build() -> object:
     limits_group.add_command(limits_show_command)  # the ledger's view, and with --slurm Slurm's
     slurm.add_command(slurm_check_command)
     bridge.add_command(meter_command)
+    root.add_command(policy)
     for command in [*COMMANDS, *PORTAL_COMMANDS, slurm, bridge, fairshare, agent_command, _daemon_command()]:
         root.add_command(command)  # type: ignore[arg-type]
     return root

@@ -36,6 +36,7 @@ from ledger.accounts import (
 )
 from ledger.adjustments import Adjustment, adjust_holds
 from ledger.balance import account_summary, balance
+from ledger.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
 from ledger.charge_counter import ChargeCounter, ChargeTotals
 from ledger.credit_use import CreditUse, credit_use, parse_share
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
@@ -128,6 +129,8 @@ __all__ = [
     "HoldState",
     "JobRecord",
     "MemberEnforcement",
+    "OutageBound",
+    "OutageConfig",
     "PartitionOption",
     "PriceTable",
     "Route",
@@ -157,6 +160,7 @@ __all__ = [
     "create_hold",
     "create_token",
     "credit_use",
+    "current_outage_bound",
     "daily_cap_overruns",
     "efficiency_report",
     "enforcement",
@@ -191,6 +195,8 @@ __all__ = [
     "members",
     "memberships",
     "open_payment",
+    "outage_prices",
+    "parse_outage",
     "parse_share",
     "portal_user",
     "price_versions",

@@ -35,6 +35,15 @@ DEFAULTS: dict[str, Any] = {
         "refund_node_fail": True,
         "epilog_grace_seconds": 300,
         "warn_at_used_share": 0.8,  # an accepted job's message warns from this share of credit used
+        # Under on_ledger_unreachable = "accept" (docs/outage.md): the hooks count runs they
+        # start without the ledger in outage_spool_dir, against these credit lines (decimal
+        # credit strings; None: no line); the daemon rewrites their price sheet and reads
+        # the spool back every outage_sheet_seconds.
+        "outage_spool_dir": "/var/spool/gpucredit/outage",
+        "outage_credit_line_per_account": None,
+        "outage_credit_line_fleet": None,
+        "outage_credit_lines": {},  # ACCOUNT = "credits": an account's own line
+        "outage_sheet_seconds": 30.0,
     },
     # Partition sites and accounts' default cost limits for routing (docs/routing.md).
     "partitions": {},  # NAME: {"site": "onprem" | "cloud"}

@@ -532,12 +532,12 @@ class _Hook:
     def _accept_in_outage(self, why: str, request: Mapping[str, Any] | None) -> int:
         """Policy accept: admit the run within the outage credit lines, counted in the
         spool (outage_spool.py) for the ledger to charge when it returns."""
-        admitted, note = self._outage().admit(request, self.now())
+        admitted, note, detail = self._outage().admit(request, self.now())
         if admitted:
             self.log(f"ledger unreachable ({why}); job runs by site policy (accept); {note}")
             return 0
         outcome = self.hold_job(note)
-        self.log(f"ledger unreachable ({why}); site policy is accept: {note}; {outcome}")
+        self.log(f"ledger unreachable ({why}); site policy is accept: {note}{detail}; {outcome}")
         return 1
 
     # --- EpilogSlurmctld -------------------------------------------------

@@ -468,29 +468,38 @@ class OutageSettings:
             directory = DEFAULT_SPOOL_DIR
         return cls(directory, lines, problems)
 
-    def admit(self, request: Mapping[str, Any] | None, now: datetime) -> tuple[bool, str]:
-        """Whether PrologSlurmctld lets this run start without the ledger, and why (a
-        refusal is the reason the user sees on the held job)."""
+    def admit(self, request: Mapping[str, Any] | None, now: datetime) -> tuple[bool, str, str]:
+        """Whether PrologSlurmctld lets this run start without the ledger, why (a refusal
+        is the reason the user sees on the held job) and, for the log, any detail."""
         capped = self.lines.any()
         if request is None or request.get("seconds") is None:
             what = "its GPU request could not be read" if request is None else "it has no time limit"
             if capped:
-                return False, (
-                    f"ledger unreachable and {what}, so it cannot be counted against the outage "
-                    "credit line; job held by site policy until the ledger returns"
+                return (
+                    False,
+                    (
+                        f"ledger unreachable and {what}, so it cannot be counted against the outage "
+                        "credit line; job held by site policy until the ledger returns"
+                    ),
+                    "",
                 )
-            return True, f"not counted ({what})"
+            return True, f"not counted ({what})", ""
         if not capped and not os.path.isdir(self.directory):
-            return True, f"not spooled (no {self.directory}); the bridge charges it from sacct"
+            return True, f"not spooled (no {self.directory}); the bridge charges it from sacct", ""
         sheet: Mapping[str, Any] | None = None
         try:
             sheet = read_sheet(self.directory)
             rate, cost = estimate(sheet, request["gpus"], request.get("partition"), int(request["seconds"]))
         except ValueError as e:
             if capped:
-                return False, (
-                    f"ledger unreachable and {e}, so this job cannot be counted against the outage "
-                    "credit line; job held by site policy until the ledger returns"
+                return (
+                    False,
+                    (
+                        "ledger unreachable and no usable outage price sheet, so this job cannot be "
+                        "counted against the outage credit line; job held by site policy until the "
+                        "ledger returns"
+                    ),
+                    f" ({e})",
                 )
             rate, cost = None, None
         record = {
@@ -513,24 +522,32 @@ class OutageSettings:
             admission = Spool(self.directory).admit(record, self.lines)
         except OSError as e:
             if capped:
-                return False, (
-                    f"ledger unreachable and the outage spool is unwritable ({e}); "
-                    "job held by site policy until the ledger returns"
+                return (
+                    False,
+                    (
+                        "ledger unreachable and the outage spool is unwritable; "
+                        "job held by site policy until the ledger returns"
+                    ),
+                    f" ({e})",
                 )
-            return True, f"not spooled ({e}); the bridge charges it from sacct"
+            return True, f"not spooled ({e}); the bridge charges it from sacct", ""
         cost_text = "?" if cost is None else format_ucredits(cost)
         if admission.admitted:
             again = " (already spooled)" if admission.repeat else ""
-            return True, f"spooled{again} at ~{cost_text} credits in {Spool(self.directory).path}"
+            return True, f"spooled{again} at ~{cost_text} credits in {Spool(self.directory).path}", ""
         what = (
             f"outage credit line of account {record['account']}"
             if admission.limit == "account"
             else "fleet outage credit line"
         )
-        return False, (
-            f"ledger unreachable; {what}: {format_ucredits(admission.value)} > "
-            f"{format_ucredits(admission.cap)} credits with this job (~{cost_text}); "
-            "job held by site policy until the ledger returns"
+        return (
+            False,
+            (
+                f"ledger unreachable; {what}: {format_ucredits(admission.value)} > "
+                f"{format_ucredits(admission.cap)} credits with this job (~{cost_text}); "
+                "job held by site policy until the ledger returns"
+            ),
+            "",
         )
 
     def end(self, request: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from accounting_bridge.limits_keeper import LimitsKeeper
+from accounting_bridge.outage_readback import OutageKeeper
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
@@ -233,6 +234,9 @@ class Daemon:
         ready: threading.Event | None = None,
         stop: threading.Event | None = None,
     ) -> None:
+        # The hooks' outage price sheet and the spool's read-back (docs/outage.md);
+        # bad outage settings stop the daemon here.
+        outage = OutageKeeper.from_config(self.sessions, self.config)
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
@@ -281,6 +285,8 @@ class Daemon:
         if release_interval:
             threading.Thread(target=self.release_loop, args=(stop, release_interval), daemon=True).start()
         threading.Thread(target=self.slurm_facts.run, args=(stop,), daemon=True).start()
+        if outage is not None:
+            outage.start(stop)
         if self.limits is not None:
             threading.Thread(
                 target=self.limits.run_forever, args=(stop, release_interval or 2.0), daemon=True
