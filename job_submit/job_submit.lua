@@ -462,6 +462,9 @@ end
 local function on_failure(why)
     why = tostring(why)
     if POLICY == "accept" then
+        -- Nothing here may block or reserve: PrologSlurmctld counts the job against its
+        -- account's and the fleet's outage credit lines once it is allocated, and holds
+        -- it with a reason past a line (docs/outage.md).
         pcall(slurm.log_info, "gpucredit: credit check failed (%s); job accepted by site policy", why)
         return SUCCESS
     end

@@ -423,6 +423,22 @@ def test_bound_formulas() -> None:
         "outage_line": "100.00",
         "bound": "102.066667",
     }
+    # docs/outage.md's worked number: 40 accounts, so the fleet line of 500 is the smaller.
+    accounts = ["physics", *(f"a{i}" for i in range(39))]
+    worked = outage_bound(lease, 1800, [lease_run()], accounts, NOW).as_dict()
+    assert (worked["accounts"][0]["bound"], worked["other_accounts"]["bound"]) == ("52.066667", "50.00")
+    assert worked["fleet"]["bound"] == "502.066667"
+    full_site = outage_bound(
+        OutageConfig("full", "accept", lines, 30), 1800, [lease_run(held_ucredits=16_000_000)], accounts, NOW
+    )
+    assert (full_site.as_dict()["accounts"][0]["bound"], full_site.as_dict()["fleet"]["bound"]) == (
+        "50.00",
+        "500.00",
+    )
+    lease_reject = outage_bound(
+        OutageConfig("lease", "reject", lines, 30), 1800, [lease_run()], accounts, NOW
+    )
+    assert lease_reject.as_dict()["fleet"]["bound"] == "2.066667"
     # A run near its time limit stops there: its last 10 minutes (1.333333) less the 0.50
     # still held beyond what it was charged.
     near_end = lease_run(
