@@ -53,10 +53,10 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, config: Path) -> None:
+    def start(self, config: Path, release_interval: float = 0) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [GPUCREDIT, "daemon", "--socket", self.socket, "--release-interval", "0"],
+                [GPUCREDIT, "daemon", "--socket", self.socket, "--release-interval", str(release_interval)],
                 env={**os.environ, "GPUCREDIT_CONFIG": str(config)},
                 stdin=subprocess.DEVNULL,
                 stdout=out,

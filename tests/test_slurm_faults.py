@@ -1,0 +1,522 @@
+"""Faults injected into the real Slurm box, each ending with the books checked.
+
+The box's ledger lives on a PRIVATE PostgreSQL this module starts (initdb into a
+temporary directory, its own port), so a test can stop and start the database under a
+running job; the shared PostgreSQL is never touched. Two `gpucredit daemon` processes
+serve it (the primary and the backup controller's, docs/admin-guide.md "Two
+controllers"); the hooks list both sockets and fail over. Policy is `reject` with
+`full` holds, whose overspend bound is 0.
+
+Every test ends with `Faults.check`: `gpucredit bridge sacct`, `gpucredit audit verify`,
+then for every run sacct lists: its hold (if the prolog admitted it) is resolved and
+charged exactly charge_for(price, ElapsedRaw) -- 0 for a NODE_FAIL run (refunded) --
+with at most one settle and at most one adjustment; the account holds nothing and
+has exactly its credit less those charges (no credit lost, no double charge), and it
+never went below zero (overspend 0). What each fault showed is in docs/faults.md.
+
+Waits poll with a bound; nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from ledger import api, cli_support
+from ledger.db import make_engine
+from ledger.holds import HoldState
+from ledger.journal import entries_t
+from ledger.money import charge_for, format_credits
+from ledger.schema import upgrade
+from ledger.timeutil import parse_time, utcnow
+from slurmbox import SlurmBox, run
+from tests.conftest import require
+from tests.test_slurm_e2e import PRICES, Cluster, is_prolog_refusal, sacct_runs
+from tests.test_two_daemons import DaemonProcess
+
+pytestmark = pytest.mark.slurm
+
+RUN_DIR = Path("/run/gpucredit-faults")
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+HOOK_LOG = RUN_DIR / "hooks.log"
+GPUCREDIT = str(Path(sys.executable).with_name("gpucredit"))
+
+
+# --------------------------------------------------------------------------- private PostgreSQL
+
+
+def _free_port(preferred: int = 55432) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise RuntimeError("no free port")
+
+
+@dataclass
+class PrivatePostgres:
+    """A PostgreSQL 15 cluster of our own that a test may stop and start at will."""
+
+    root: Path
+    port: int
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _as_postgres(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["/usr/sbin/runuser", "-u", "postgres", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=self.root,
+        )
+
+    def init(self) -> str | None:
+        """initdb; returns why it failed, or None."""
+        shutil.chown(self.root, "postgres", "postgres")
+        proc = self._as_postgres(
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
+        )
+        return None if proc.returncode == 0 else f"initdb: {proc.stderr.strip()[-400:]}"
+
+    def start(self) -> str | None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        proc = self._as_postgres(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-w", "-t", "30",
+            "-o", options, "start",
+        )  # fmt: skip
+        return None if proc.returncode == 0 else f"pg_ctl start: {proc.stdout}{proc.stderr}"
+
+    def stop(self) -> None:
+        proc = self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def answers(self) -> bool:
+        return (
+            self._as_postgres(str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)).returncode
+            == 0
+        )
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL cluster; fails in CI when it cannot start, skips elsewhere."""
+    require(
+        (PG_BIN / "initdb").exists() and os.geteuid() == 0,
+        f"PostgreSQL 15 server binaries ({PG_BIN}) run as root",
+        "apt-get install postgresql-15 and run the Slurm tests as root",
+    )
+    pg = PrivatePostgres(Path(tempfile.mkdtemp(prefix="gc-pg-", dir="/tmp")), _free_port())
+    problem = pg.init() or pg.start()
+    require(problem is None, f"a private PostgreSQL in {pg.root}", str(problem))
+    try:
+        admin = create_engine(pg.url(), isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text('CREATE DATABASE "gpucredit"'))
+        admin.dispose()
+        engine = make_engine(pg.url("gpucredit"))
+        upgrade(engine)
+        engine.dispose()
+        yield pg
+    finally:
+        if pg.answers():
+            pg.stop()
+        shutil.rmtree(pg.root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the box's gpucredit
+
+
+@dataclass
+class Faults(Cluster):
+    """The e2e Cluster with the daemons as processes (so they can be SIGKILLed) on a
+    private database, and the fault checks."""
+
+    pg: PrivatePostgres | None = None
+    daemons: list[DaemonProcess] = field(default_factory=list)
+
+    def write_config(self, policy: str) -> None:
+        self.policy = policy
+        sockets = [d.socket for d in self.daemons]
+        self.config_path.write_text(
+            f'[database]\nurl = "{self.url}"\n'
+            f'[daemon]\nsocket = "{sockets[0]}"\n'
+            f"sockets = [{', '.join(f'{s!r}'.replace(chr(39), chr(34)) for s in sockets)}]\n"
+            "timeout_seconds = 2.0\nmetrics_port = 0\n"
+            f'[policy]\non_ledger_unreachable = "{policy}"\nepilog_grace_seconds = 0\n'
+            '[slurm]\ncluster = "lab"\n'
+            f'[agent]\nspool_dir = "{RUN_DIR / "spool" / "%n"}"\n'
+            f'[hooks]\nlog_file = "{HOOK_LOG}"\n'
+        )
+        self.box.config_path = str(self.config_path)
+        self.box.use_hooks("gpucredit")
+
+    def start_daemon(self) -> None:
+        for daemon in self.daemons:
+            if daemon.proc is None or daemon.proc.poll() is not None:
+                daemon.start(self.config_path, release_interval=1.0)
+
+    def stop_daemon(self) -> None:
+        for daemon in self.daemons:
+            daemon.stop()
+
+    def kill_daemons(self, *which: int) -> None:
+        for index in which or range(len(self.daemons)):
+            self.daemons[index].kill()
+
+    # ---- database ----
+
+    def stop_database(self) -> None:
+        assert self.pg is not None
+        self.pg.stop()
+
+    def start_database(self) -> None:
+        assert self.pg is not None
+        assert self.pg.start() is None
+        deadline = time.monotonic() + 30
+        while not self.pg.answers():
+            assert time.monotonic() < deadline, "private PostgreSQL did not come back"
+            time.sleep(0.1)
+
+    # ---- Slurm ----
+
+    def hook_lines(self, hook: str, job: int) -> list[str]:
+        marker = f"gpucredit[{hook}] job={job} "
+        try:
+            return [line for line in HOOK_LOG.read_text().splitlines() if marker in line]
+        except FileNotFoundError:
+            return []
+
+    def wait_hook(self, hook: str, job: int, contains: str, timeout: float = 60) -> str:
+        """The hook's log line for `job` containing `contains`, once it is written."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.hook_lines(hook, job) if contains in line]
+            if found:
+                return found[-1]
+            assert time.monotonic() < deadline, (hook, job, contains, self.hook_lines(hook, job))
+            time.sleep(0.1)
+
+    def wait_held(self, job: int, timeout: float = 60) -> dict[str, str]:
+        """`scontrol show job` once the job is held (a refused start is requeued first and
+        reads Reason=BeginTime for a few seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.box.scontrol_job(job)
+            if info.get("JobState") == "PENDING" and info.get("Reason") == "JobHeldAdmin":
+                return info
+            assert time.monotonic() < deadline, info
+            time.sleep(0.2)
+
+    def run_hook(self, hook: str, job: int, restart: int = 0) -> int:
+        """Run a controller hook by hand, as slurmctld would (a duplicated prolog or epilog)."""
+        env = {
+            "SLURM_JOB_ID": str(job),
+            "SLURM_JOB_RESTART_COUNT": str(restart),
+            "SLURM_CLUSTER_NAME": "lab",
+            "SLURM_SCRIPT_CONTEXT": hook.replace("-", "_"),
+            "GPUCREDIT_CONFIG": str(self.config_path),
+        }
+        return subprocess.run([GPUCREDIT, "hook", hook], env=env, capture_output=True, timeout=30).returncode
+
+    # ---- the books ----
+
+    def check(self, account: str, jobs: Mapping[int, int], since: datetime) -> dict[int, list[HoldState]]:
+        """Bridge, audit, and the exact books (see the module docstring). `jobs`: job id ->
+        the price of its GPUs in micro-credits per hour. Callers first wait for the epilogs
+        that do run (`wait_hook`): a run still active here is settled by the bridge."""
+        runs = {job: sacct_runs(self.box, job, account) for job in jobs}
+        self.bridge_sacct(since)
+        assert self.gpucredit("audit", "verify").startswith("ok: ")
+        spent = 0
+        found = {job: self.holds(job, account) for job in jobs}
+        with self.tx() as s:
+            for job, rows in runs.items():
+                by_run = {h.run: h for h in found[job]}
+                assert len(by_run) == len(found[job]), (job, found[job])  # one hold per run
+                assert set(by_run) <= set(range(len(rows))), (job, found[job], rows)
+                for index, row in enumerate(rows):
+                    state = row["State"].split()[0]
+                    expected = 0 if state == "NODE_FAIL" else charge_for(jobs[job], int(row["ElapsedRaw"]))
+                    hold = by_run.get(index)
+                    if hold is None:
+                        assert is_prolog_refusal(row), (job, index, row, found[job])
+                        continue
+                    assert hold.state in ("settled", "expired"), (job, row, hold)
+                    assert hold.charged_ucredits == expected, (job, index, row, hold)
+                    kinds = list(
+                        s.execute(
+                            select(entries_t.c.kind).where(
+                                entries_t.c.hold_id == hold.id, entries_t.c.kind.in_(("settle", "adjust"))
+                            )
+                        ).scalars()
+                    )
+                    assert kinds.count("settle") <= 1 and kinds.count("adjust") <= 1, (job, index, kinds)
+                    spent += expected
+            balance = api.balance(s, account)
+        expected_balance = format_credits(self.credit_ucredits[account] - spent)
+        assert (balance["available"], balance["held"]) == (expected_balance, "0.00"), balance
+        assert not balance["available"].startswith("-")  # overspend 0 under reject + full holds
+        return found
+
+
+@pytest.fixture(scope="module")
+def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    HOOK_LOG.unlink(missing_ok=True)
+    url = private_pg.url("gpucredit")
+    engine = make_engine(url)
+    previous_config = slurm_box.config_path
+    c = Faults(slurm_box, url, engine, RUN_DIR / "gpucredit.toml", pg=private_pg)
+    c.daemons = [
+        DaemonProcess(str(RUN_DIR / "primary.sock"), RUN_DIR / "primary.log"),
+        DaemonProcess(str(RUN_DIR / "backup.sock"), RUN_DIR / "backup.log"),
+    ]
+    with c.tx() as s:
+        for gres, price in PRICES.items():
+            api.set_price(s, gres, format_credits(price), effective_at=parse_time("2026-01-01"))
+    c.write_config("reject")
+    c.start_daemon()
+    try:
+        yield c
+    finally:
+        if not private_pg.answers():
+            c.start_database()
+        c.stop_daemon()
+        for job in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
+            job_id, _sep, account = job.partition("|")
+            if account in c.accounts:
+                run(["/usr/bin/scancel", job_id], check=False)
+        slurm_box.config_path = previous_config
+        slurm_box.use_hooks()
+        if c.accounts:
+            run(["/usr/bin/sacctmgr", "-i", "delete", "account", ",".join(c.accounts)], check=False)
+        cli_engine = cli_support._engines.pop(url, None)
+        if cli_engine is not None:
+            cli_engine.dispose()
+        engine.dispose()
+
+
+@pytest.fixture
+def since() -> datetime:
+    return utcnow() - timedelta(seconds=2)
+
+
+def submit(c: Faults, account: str, *args: str) -> int:
+    return c.box.submit(["-A", account, *args])
+
+
+def charged(hook_line: str) -> str:
+    """`charged X of Y credits` of an epilog's log line."""
+    return hook_line.split(": charged ", 1)[1].split(" (", 1)[0]
+
+
+def release(job: int) -> None:
+    """What an admin does for a job held with the ledger-unreachable reason. The daemons'
+    release loop may have done it already (its scan at start and every minute releases
+    held jobs whose account can pay), so a job no longer held is fine."""
+    run(["/usr/bin/scontrol", "release", str(job)], check=False)
+
+
+# --------------------------------------------------------------------------- the database down
+
+
+def test_database_stopped_at_submit_and_prolog_holds_the_job_then_it_runs_once(
+    faults: Faults, since: datetime
+) -> None:
+    """With the database down, job_submit still quotes from the daemon's snapshot (it is
+    trusted for 30 s after the last read) and accepts; the prolog cannot hold, so under
+    reject the job is parked with the unreachable reason and never runs unreserved. A job
+    whose prolog comes while the database is down is parked the same way. Database back,
+    an admin releases them: each runs as run 1 and is charged once."""
+    account = faults.new_account("10")
+    args = ["-A", account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
+    # Accepted with the database up: the daemon's snapshot now knows the new account.
+    parked = faults.box.submit(["--hold", *args])
+    faults.stop_database()
+    try:
+        rc, out, err = faults.box.sbatch(["--parsable", *args])
+        assert rc == 0, err  # quoted from the snapshot
+        submitted = int(out.strip())
+        release(parked)
+        for job in (submitted, parked):
+            faults.wait_hook("prolog-slurmctld", job, "ledger unreachable")
+            info = faults.wait_held(job)
+            assert (info["Reason"], info["Comment"].strip()) == (
+                "JobHeldAdmin",
+                "gpucredit: ledger unreachable; job held by site policy, ask your admin to release it",
+            )
+    finally:
+        faults.start_database()
+    assert faults.holds(submitted, account) == faults.holds(parked, account) == []
+    for job in (submitted, parked):
+        release(job)
+    for job in (submitted, parked):
+        faults.box.wait_state(job, "COMPLETED", timeout=90)
+        faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    holds = faults.check(account, {submitted: PRICES["h100"], parked: PRICES["h100"]}, since)
+    assert [h.run for job in (submitted, parked) for h in holds[job]] == [1, 1]  # run 0: the refused start
+
+
+def test_database_stopped_while_running_and_back_before_the_epilog(faults: Faults, since: datetime) -> None:
+    account = faults.new_account("10")
+    job = submit(faults, account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 6")
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    faults.stop_database()
+    faults.start_database()
+    faults.box.wait_state(job, "COMPLETED", timeout=60)
+    faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    faults.check(account, {job: PRICES["a100"]}, since)
+
+
+def test_database_stopped_during_the_epilog_the_bridge_settles_the_run(
+    faults: Faults, since: datetime
+) -> None:
+    account = faults.new_account("10")
+    job = submit(faults, account, "--gres=gpu:a100:2", "-t", "1", "--wrap", "sleep 4")
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    faults.stop_database()
+    try:
+        faults.wait_hook("epilog-slurmctld", job, "the bridge will reconcile this run")
+    finally:
+        faults.start_database()
+    [hold] = faults.holds(job, account)
+    assert hold.state == "active"  # the epilog's settle never reached the ledger
+    faults.box.wait_state(job, "COMPLETED", timeout=60)
+    [[settled]] = faults.check(account, {job: 2 * PRICES["a100"]}, since).values()
+    assert settled.state == "settled"
+
+
+# --------------------------------------------------------------------------- the daemons killed
+
+
+def test_primary_daemon_killed_mid_job_the_backup_settles(faults: Faults, since: datetime) -> None:
+    account = faults.new_account("10")
+    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 4")
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    faults.kill_daemons(0)
+    try:
+        faults.box.wait_state(job, "COMPLETED", timeout=60)
+        faults.wait_hook("epilog-slurmctld", job, "settled hold")  # through the backup
+        faults.check(account, {job: PRICES["h100"]}, since)
+    finally:
+        faults.start_daemon()
+
+
+def test_both_daemons_killed_at_submit_prolog_running_and_epilog(faults: Faults, since: datetime) -> None:
+    """Submit with no daemon: refused (reject). Prolog with none: held with the reason.
+    Killed while running and back before the epilog: settled. Killed at the epilog: the
+    bridge settles. One job of each, books exact."""
+    account = faults.new_account("10")
+    args = ["--gres=gpu:a100:1", "-t", "1"]
+    parked = submit(faults, account, "--hold", *args, "--wrap", "sleep 1")
+    running = submit(faults, account, *args, "--wrap", "sleep 6")
+    at_epilog = submit(faults, account, *args, "--wrap", "sleep 4")
+    for job in (running, at_epilog):
+        faults.box.wait_state(job, "RUNNING", timeout=30)
+        faults.wait_hook("prolog-slurmctld", job, "hold ")
+    faults.kill_daemons()
+    try:
+        rc, _out, err = faults.box.sbatch(["-A", account, *args, "--wrap", "true"])
+        assert rc == 1
+        assert "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy" in err
+        release(parked)
+        faults.wait_hook("prolog-slurmctld", parked, "ledger unreachable")
+        faults.wait_hook("epilog-slurmctld", at_epilog, "the bridge will reconcile this run")
+        faults.wait_held(parked)
+    finally:
+        faults.start_daemon()  # its scan at start releases the parked job: its account can pay
+    for job in (parked, running, at_epilog):
+        faults.box.wait_state(job, "COMPLETED", timeout=90)
+    faults.wait_hook("epilog-slurmctld", running, "settled hold")
+    price = PRICES["a100"]
+    holds = faults.check(account, {parked: price, running: price, at_epilog: price}, since)
+    assert [h.run for h in holds[parked]] == [1]
+
+
+# --------------------------------------------------------------------------- hooks repeated or lost
+
+
+def test_duplicated_prolog_and_epilog_hold_and_settle_once(faults: Faults, since: datetime) -> None:
+    account = faults.new_account("10")
+    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 3")
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    assert faults.run_hook("prolog-slurmctld", job) == 0  # Slurm retrying the prolog
+    faults.box.wait_state(job, "COMPLETED", timeout=60)
+    first = faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    assert faults.run_hook("epilog-slurmctld", job) == 0  # and the epilog
+    again = [line for line in faults.hook_lines("epilog-slurmctld", job) if "settled hold" in line][1:]
+    assert [charged(line) for line in again] == [charged(first)]  # the first settle, replayed
+    [[hold]] = faults.check(account, {job: PRICES["h100"]}, since).values()
+    assert hold.state == "settled"
+
+
+def test_lost_epilog_is_recovered_by_the_bridge_and_the_sweep(faults: Faults, since: datetime) -> None:
+    """No EpilogSlurmctld at all for two jobs: the bridge settles one from sacct; the
+    other is first expired by the sweep (as at time limit + grace) and then corrected by
+    the bridge to Slurm's elapsed. Nothing stays held, each is charged exactly once."""
+    account = faults.new_account("10")
+    with faults.box.custom_hook("epilog-slurmctld", "#!/bin/sh\nexit 0\n"):
+        # A longer time limit: the sweep below, at the other's expiry, leaves this one be.
+        bridged = submit(faults, account, "--gres=gpu:a100:1", "-t", "2", "--wrap", "sleep 2")
+        swept = submit(faults, account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 2")
+        for job in (bridged, swept):
+            faults.box.wait_state(job, "COMPLETED", timeout=60)
+    assert [h.state for job in (bridged, swept) for h in faults.holds(job, account)] == ["active", "active"]
+    [hold] = faults.holds(swept, account)
+    faults.gpucredit("sweep", "--at", (hold.expires_at + timedelta(seconds=1)).isoformat())
+    assert [h.state for job in (bridged, swept) for h in faults.holds(job, account)] == ["active", "expired"]
+    holds = faults.check(account, {bridged: PRICES["a100"], swept: PRICES["a100"]}, since)
+    assert [h.state for h in holds[bridged]] == ["settled"]
+
+
+# --------------------------------------------------------------------------- a node killed
+
+
+def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
+    faults: Faults, since: datetime
+) -> None:
+    account = faults.new_account("10")
+    job = submit(
+        faults, account, "-p", "onprem", "-w", "node2", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 5"
+    )
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    try:
+        faults.box.scontrol("update", "nodename=node2", "state=down", "reason=gpucredit-fault-test")
+        deadline = time.monotonic() + 30
+        while faults.box.scontrol_job(job).get("Restarts", "0") == "0":
+            assert time.monotonic() < deadline, faults.box.scontrol_job(job)
+            time.sleep(0.2)
+    finally:
+        faults.box.scontrol("update", "nodename=node2", "state=resume")
+    faults.box.wait_state(job, "COMPLETED", timeout=120)
+    rows = sacct_runs(faults.box, job, account)
+    assert [r["State"].split()[0] for r in rows] == ["NODE_FAIL", "COMPLETED"]
+    holds = faults.check(account, {job: PRICES["h100"]}, since)[job]
+    assert [(h.run, h.charged_ucredits == 0) for h in holds] == [(0, True), (1, False)]
