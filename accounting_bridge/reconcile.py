@@ -36,12 +36,16 @@ Money moves only through :mod:`ledger.api`; ``job_runs`` is a projection written
 Everything is idempotent: re-running a round finds every charge equal to its target
 and posts nothing.
 
-Throughput comes from batching (:func:`reconcile_runs`): one read per batch loads
-the stored ``job_runs`` rows of the batch's jobs; a run whose Slurm record (state,
-elapsed, GPUs) equals its stored row is unchanged and costs nothing more; a second
-read loads the holds of the other runs; those that move no money are written in
-one statement (COPY on PostgreSQL) without any lock; only a run that moves money
-gets its own transaction, which locks one account.
+Throughput comes from batching (:func:`reconcile_runs`): one compact read per batch
+(:mod:`ledger.jobrun_records`) finds the runs whose Slurm record (state, elapsed,
+GPUs) equals the one stored for the same attempt: they are unchanged and cost
+nothing more. A second read loads the other runs' stored rows and holds; those that
+move no money are written in one statement (COPY on PostgreSQL) without any lock.
+Runs that move money are gathered over batches and applied one transaction per
+paying account, which locks that account alone (DESIGN §4): its adjustments in one
+``adjust_holds`` call, its job_runs rows in one statement; on PostgreSQL a few
+accounts' transactions run at once. If the ledger refuses one run, its account's
+transaction is redone one run per transaction, so the refusal costs no other run.
 """
 
 from __future__ import annotations
@@ -49,16 +53,18 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from accounting_bridge.gc_pause import cycle_collection_paused
 from accounting_bridge.sacct import TERMINAL_STATES, SacctRun
-from ledger import api, jobruns
+from ledger import api, jobrun_records, jobruns
 from ledger.errors import InvalidInput, LedgerError
 from ledger.jobruns import UNKNOWN_SUBMIT, AttemptKey, HoldView, JobRunRow, StoredRun
 from ledger.money import format_credits
@@ -104,6 +110,11 @@ _MONEY_ACTIONS = frozenset({"settle", "adjust", "release", "unreserved"})
 REFUSED_ELAPSED_MAX_SECONDS = 1
 # Runs per batch: bounds each read, each bulk write and the memory they hold.
 DEFAULT_BATCH_RUNS = 5_000
+# Money-moving runs are gathered over batches up to this many, then applied one
+# transaction per paying account: the more runs per account, the fewer locks and commits.
+MONEY_RUNS_PER_FLUSH = 5_000
+# Accounts whose money-moving transactions run at once (PostgreSQL; SQLite has one writer).
+MONEY_WORKERS = 4
 # job_runs.flags is String(128).
 _FLAGS_MAX_CHARS = 128
 
@@ -427,15 +438,31 @@ def _gpu_counts(text: str) -> Mapping[str, int]:
     return MappingProxyType(jobruns.parse_pairs(text))
 
 
-def _unchanged(run: SacctRun, stored: StoredRun | None) -> bool:
-    """Reconciled before from the same Slurm record (and not left failed)."""
+_UNKNOWN_SUBMIT_STORED = jobrun_records.naive_utc(UNKNOWN_SUBMIT)
+
+
+def _unchanged(
+    run: SacctRun, records: Mapping[jobrun_records.StoredKey, jobrun_records.StoredRecord]
+) -> bool:
+    """Reconciled before from the same Slurm record (and not left failed).
+
+    Only a row stored under the attempt's own submit time counts: a row written before
+    attempts had one is adopted, so written again.
+    """
+    submit = run.submit
+    if submit is None:
+        stored_submit = _UNKNOWN_SUBMIT_STORED
+    elif submit.tzinfo is UTC:
+        stored_submit = submit.replace(tzinfo=None)
+    else:
+        stored_submit = jobrun_records.naive_utc(submit)
+    found = records.get((run.cluster, run.job_id, run.run, stored_submit))
     return (
-        stored is not None
-        and stored.submitted_at == (run.submit or UNKNOWN_SUBMIT)  # an adopted row is written again
-        and stored.state == run.state
-        and stored.elapsed_seconds == run.elapsed_seconds
-        and _gpu_counts(stored.gpus) == run.gpus
-        and "error" not in stored.flags  # no other flag contains "error"
+        found is not None
+        and found[0] == run.state
+        and found[1] == run.elapsed_seconds
+        and _gpu_counts(found[2]) == run.gpus
+        and "error" not in found[3]  # no other flag contains "error"
     )
 
 
@@ -651,7 +678,20 @@ def reconcile_runs(
     """
     if batch_runs < 1:
         raise ValueError("batch_runs must be at least 1")
-    now = now or utcnow()
+    with cycle_collection_paused():
+        now = now or utcnow()
+        return _reconcile_all(session_factory, runs, policy, suspect_job_ids, force, now, batch_runs)
+
+
+def _reconcile_all(
+    session_factory: SessionFactory,
+    runs: Iterable[SacctRun],
+    policy: Policy,
+    suspect_job_ids: Collection[int],
+    force: bool,
+    now: datetime,
+    batch_runs: int,
+) -> Summary:
     summary = Summary()
     jobs: dict[tuple[str, int], list[SacctRun]] = {}
     seen = 0
@@ -671,14 +711,19 @@ def reconcile_runs(
     summary.counts["seen"] += seen
     batch: dict[tuple[str, int], list[SacctRun]] = {}
     size = 0
+    money: list[_MoneyRun] = []
     for key in sorted(jobs):  # in job order: each batch reads few id ranges
         batch[key] = jobs[key]
         size += len(batch[key])
         if size >= batch_runs:
-            _reconcile_batch(session_factory, batch, policy, force, now, summary)
+            _reconcile_batch(session_factory, batch, policy, force, now, summary, money)
             batch, size = {}, 0
+            if len(money) >= MONEY_RUNS_PER_FLUSH:
+                _move_money(session_factory, money, policy, now, summary)
+                money = []
     if batch:
-        _reconcile_batch(session_factory, batch, policy, force, now, summary)
+        _reconcile_batch(session_factory, batch, policy, force, now, summary, money)
+    _move_money(session_factory, money, policy, now, summary)
     return summary
 
 
@@ -689,20 +734,26 @@ def _reconcile_batch(
     force: bool,
     now: datetime,
     summary: Summary,
+    money: list[_MoneyRun],
 ) -> None:
+    """Reconcile what moves no money; queue in `money` the runs that do."""
     with session_factory() as s, s.begin():
-        stored = jobruns.load_job_runs(s, jobs.keys())
-        job_rows = _StoredRuns(stored)
         changed: dict[tuple[str, int], list[SacctRun]] = {}
-        unchanged = 0
-        for key, job_runs in jobs.items():
-            for run in job_runs:
-                if not force and _unchanged(run, job_rows.of(run)):
-                    unchanged += 1
-                else:
-                    changed.setdefault(key, []).append(run)
-        summary.counts["unchanged"] += unchanged
-        # Only jobs with a changed run need their holds: re-reading a window costs one read.
+        if force:
+            changed.update(jobs)
+        else:
+            # One compact range read tells the unchanged runs apart (most, on a re-read window).
+            records = jobrun_records.stored_records(s, jobs.keys())
+            unchanged = 0
+            for key, job_runs in jobs.items():
+                for run in job_runs:
+                    if _unchanged(run, records):
+                        unchanged += 1
+                    else:
+                        changed.setdefault(key, []).append(run)
+            summary.counts["unchanged"] += unchanged
+        # Only jobs with a changed run need their stored rows and holds.
+        job_rows = _StoredRuns(jobruns.load_job_runs(s, changed.keys()) if changed else {})
         holds_by_job = jobruns.load_hold_views(s, changed.keys()) if changed else {}
         prices = api.load_price_table(s) if changed else None
     inserts: list[JobRunRow] = []
@@ -740,7 +791,7 @@ def _reconcile_batch(
                 summary.add(_outcome(run, "skipped", detail="waiting for the epilog"))
                 continue
             if plan.moves_money:
-                per_run.append(run)
+                money.append(_MoneyRun(run, plan, own_row))
                 continue
             hold_id = hold.id if hold is not None else None
             charged = hold.charged_ucredits if hold is not None else 0
@@ -760,6 +811,105 @@ def _reconcile_batch(
                 jobruns.upsert_job_runs(s, inserts + updates)
     for run in per_run:
         summary.add(_reconcile_one(session_factory, run, policy, now))
+
+
+class _MoneyRun(NamedTuple):
+    """A run whose plan moves money, with the stored row it was planned against."""
+
+    run: SacctRun
+    plan: Plan
+    stored: StoredRun | None
+
+
+def _move_money(
+    session_factory: SessionFactory,
+    money: Sequence[_MoneyRun],
+    policy: Policy,
+    now: datetime,
+    summary: Summary,
+) -> None:
+    """Carry out the plans that move money: one transaction per paying account.
+
+    Each transaction locks one account (DESIGN §4) and applies all of its runs: their
+    adjustments in one `adjust_holds` call, settles, releases and unreserved charges one
+    by one, and their job_runs rows in one statement. On PostgreSQL several accounts'
+    transactions run at once (they share no row, so they cannot wait on each other);
+    most of a transaction's time is round trips. Outcomes are reported in account order.
+    """
+    by_account: dict[str, list[_MoneyRun]] = {}
+    for item in money:
+        by_account.setdefault(item.run.account, []).append(item)
+    accounts = sorted(by_account)
+
+    def move(account: str) -> list[RunOutcome]:
+        return _move_account_money(session_factory, account, by_account[account], policy, now)
+
+    with session_factory() as s:
+        concurrent = s.get_bind().dialect.name == "postgresql"  # SQLite: one writer at a time
+    workers = min(MONEY_WORKERS if concurrent else 1, len(accounts))
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bridge-money") as pool:
+            results = list(pool.map(move, accounts))
+    else:
+        results = [move(account) for account in accounts]
+    for outcomes in results:
+        for outcome in outcomes:
+            summary.add(outcome)
+
+
+def _move_account_money(
+    session_factory: SessionFactory, account: str, items: Sequence[_MoneyRun], policy: Policy, now: datetime
+) -> list[RunOutcome]:
+    """One account's money-moving runs in one transaction.
+
+    When the ledger refuses any of them, the transaction rolls back and the runs are
+    redone one per transaction, so a refusal is recorded against its own run and the
+    other runs of the account, like other accounts' runs, are not lost.
+    """
+    try:
+        with session_factory() as s, s.begin():
+            outcomes = _execute_for_account(s, account, items)
+            rows = [
+                _job_run_row(
+                    item.run,
+                    flags=item.plan.flags,
+                    hold_id=outcome.hold_id,
+                    charged_ucredits=outcome.charged_ucredits if outcome.hold_id is not None else 0,
+                    now=now,
+                )
+                for item, outcome in zip(items, outcomes, strict=True)
+            ]
+            jobruns.adopt_submit_times(s, [key for item in items for key in _adopting(item.run, item.stored)])
+            jobruns.upsert_job_runs(s, rows)
+        return outcomes
+    except LedgerError:
+        return [_reconcile_one(session_factory, item.run, policy, now) for item in items]
+
+
+def _execute_for_account(s: Session, account: str, items: Sequence[_MoneyRun]) -> list[RunOutcome]:
+    """The plans of one account's runs, under that account's lock; outcomes in `items` order."""
+    outcomes: dict[int, RunOutcome] = {}
+    adjusts = [(i, item) for i, item in enumerate(items) if item.plan.action == "adjust"]
+    if adjusts:
+        wanted = []
+        for _, (run, plan, _) in adjusts:
+            assert plan.hold is not None and run.end is not None  # adjust plans name a resolved hold
+            wanted.append(api.Adjustment(plan.hold.id, plan.expected_ucredits, run.end, _reason(run, plan)))
+        after = api.adjust_holds(s, account, wanted)
+        for (i, (run, plan, _)), hold in zip(adjusts, after, strict=True):
+            assert plan.hold is not None
+            outcomes[i] = _outcome(
+                run,
+                _counter(plan),
+                flags=plan.flags,
+                hold_id=hold.id,
+                change_ucredits=hold.charged_ucredits - plan.hold.charged_ucredits,
+                charged_ucredits=hold.charged_ucredits,
+            )
+    for i, item in enumerate(items):
+        if i not in outcomes:
+            outcomes[i] = _execute(s, item.run, item.plan)
+    return [outcomes[i] for i in range(len(items))]
 
 
 def _reconcile_one(
