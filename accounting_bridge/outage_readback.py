@@ -118,6 +118,17 @@ def read_back(sessions: Sessions, directory: str, now: datetime | None = None) -
     return result
 
 
+def _give_to_slurm_user(directory: str, user: str | None) -> None:
+    """The hooks run as SlurmUser and append to the spool: a daemon running as root makes
+    the directory theirs (`daemon.socket_user`), and every file in it follows its owner."""
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    if user and os.geteuid() == 0:
+        import pwd
+
+        entry = pwd.getpwnam(user)
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+
+
 class OutageKeeper:
     """The daemon's background loop: the sheet and the read-back, every `interval`."""
 
@@ -142,6 +153,7 @@ class OutageKeeper:
         spool_left = os.path.exists(os.path.join(directory, RUNS))
         if policy.get("on_ledger_unreachable") != "accept" and not spool_left:
             return None
+        _give_to_slurm_user(directory, config.get("daemon", {}).get("socket_user"))
         return cls(sessions, directory, float(interval))
 
     def tick(self, now: datetime | None = None) -> ReadBack | None:

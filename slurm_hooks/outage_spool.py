@@ -279,6 +279,7 @@ class Spool:
         line = json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         try:
+            _own(fd, self.directory)
             size = os.fstat(fd).st_size
             if size and _last_byte(self.path, size) != b"\n":
                 line = b"\n" + line  # after a torn line, start afresh
@@ -414,12 +415,22 @@ def _last_byte(path: str, size: int) -> bytes:
         return f.read(1)
 
 
+def _own(fd: int, directory: str) -> None:
+    """Give a file root creates here the directory's owner: the hooks run as SlurmUser,
+    the daemon or an admin's `gpucredit policy readback` perhaps as root, and each must
+    be able to append to and lock what the other created."""
+    if os.geteuid() == 0:
+        info = os.stat(directory)
+        os.fchown(fd, info.st_uid, info.st_gid)
+
+
 def _replace(path: str, text: str) -> None:
     """Write `text` to `path` atomically and durably (temp file, fsync, rename, fsync dir)."""
     directory = os.path.dirname(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
+        _own(fd, directory)
         os.write(fd, text.encode())
         os.fsync(fd)
     finally:
@@ -442,6 +453,7 @@ class _Lock:
     def __enter__(self) -> _Lock:
         os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        _own(self.fd, os.path.dirname(self.path))
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 

@@ -33,6 +33,7 @@ from ledger.money import charge_for, parse_credits
 from slurm_hooks.hooks import main
 from slurm_hooks.outage_spool import (
     RUNS,
+    Lines,
     Spool,
     charge_ucredits,
     parse_credit_text,
@@ -250,6 +251,19 @@ def test_the_spool_survives_a_crash(config: Callable[..., str], outage_dir: Path
     assert prolog(path, 6)[0] == 0  # appended on a line of its own
     assert prolog(path, 7)[0] == 1  # 4.50 > 3.00: both earlier runs still count
     assert [run.key[1] for run in Spool(str(outage_dir)).runs()] == [5, 6]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root creates files for another owner")
+def test_files_root_creates_in_the_spool_take_the_directorys_owner(outage_dir: Path) -> None:
+    outage_dir.mkdir()
+    os.chown(outage_dir, 65534, 65534)  # as if SlurmUser owned it
+    spool = Spool(str(outage_dir))
+    record = {"cluster": "lab", "job_id": 5, "run": 0, "account": "physics", "estimate_ucredits": 1}
+    assert spool.admit(record, Lines()).admitted
+    write_sheet(str(outage_dir), SHEET)
+    assert spool.forget([("lab", 5, 0, None)]) == 1  # rewrites runs.jsonl
+    owners = {name: (outage_dir / name).stat().st_uid for name in (RUNS, "spool.lock", "sheet.json")}
+    assert owners == {RUNS: 65534, "spool.lock": 65534, "sheet.json": 65534}
 
 
 # --- the read-back when the ledger returns ---------------------------------------------------
