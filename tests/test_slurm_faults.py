@@ -242,15 +242,19 @@ class Faults(Cluster):
 
     # ---- the books ----
 
-    def check(self, account: str, jobs: Mapping[int, int], since: datetime) -> dict[int, list[HoldState]]:
-        """Bridge, audit, and the exact books (see the module docstring). `jobs`: job id ->
-        the price of its GPUs in micro-credits per hour. Callers first wait for the epilogs
-        that do run (`wait_hook`): a run still active here is settled by the bridge."""
+    def check(
+        self, account: str, jobs: Mapping[int | str, int], since: datetime
+    ) -> dict[int | str, list[HoldState]]:
+        """Bridge, audit, and the exact books (see the module docstring). `jobs`: job id (or
+        array task `A_T`) -> the price of its GPUs in micro-credits per hour. Callers first
+        wait for the epilogs that do run (`wait_hook`): a run still active here is settled
+        by the bridge."""
         runs = {job: sacct_runs(self.box, job, account) for job in jobs}
+        ids = {job: int(rows[0]["JobIDRaw"]) for job, rows in runs.items()}
         self.bridge_sacct(since)
         assert self.gpucredit("audit", "verify").startswith("ok: ")
         spent = 0
-        found = {job: self.holds(job, account) for job in jobs}
+        found = {job: self.holds(ids[job], account) for job in jobs}
         with self.tx() as s:
             for job, rows in runs.items():
                 by_run = {h.run: h for h in found[job]}
@@ -520,3 +524,113 @@ def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
     assert [r["State"].split()[0] for r in rows] == ["NODE_FAIL", "COMPLETED"]
     holds = faults.check(account, {job: PRICES["h100"]}, since)[job]
     assert [(h.run, h.charged_ucredits == 0) for h in holds] == [(0, True), (1, False)]
+
+
+# --------------------------------------------------------------------------- meter and bridge killed
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def test_meter_and_bridge_killed_mid_work_change_nothing(faults: Faults, since: datetime) -> None:
+    """The meter SIGKILLed after a tick and run again; the bridge SIGKILLed while its
+    sacct runs (mid-ingest), then run to the end: every charge is still exact once."""
+    account = faults.new_account("10")
+    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 5")
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog-slurmctld", job, "hold ")
+    env = {**os.environ, "GPUCREDIT_CONFIG": str(faults.config_path)}
+    meter_log = RUN_DIR / "meter.log"
+    meter_log.unlink(missing_ok=True)
+    with open(meter_log, "ab") as out:
+        meter = subprocess.Popen(
+            [GPUCREDIT, "bridge", "meter", "--interval", "1"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "meter tick:" not in meter_log.read_text():
+            assert meter.poll() is None and time.monotonic() < deadline, meter_log.read_text()[-2000:]
+            time.sleep(0.1)
+    finally:
+        meter.kill()
+        meter.wait(10)
+    rerun = subprocess.run(
+        [GPUCREDIT, "bridge", "meter", "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    faults.box.wait_state(job, "COMPLETED", timeout=60)
+    faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    sacct_runs(faults.box, job, account)  # final in sacct, so the bridge has it to ingest
+    bridge = subprocess.Popen(
+        [GPUCREDIT, "bridge", "sacct", "--since", since.isoformat()],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any("sacct" in _cmdline(child) for child in _children(bridge.pid)):
+            assert bridge.poll() is None, "the bridge ended before it ran sacct"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        bridge.kill()
+        bridge.wait(10)
+    faults.check(account, {job: PRICES["h100"]}, since)
+
+
+# --------------------------------------------------------------------------- a restart amid holds
+
+
+def test_database_restarted_amid_a_burst_of_holds_each_run_holds_once(
+    faults: Faults, since: datetime
+) -> None:
+    """The database is stopped and started the moment the first of four array tasks has
+    its hold, while the others' prologs are in flight. Whichever holds the restart cut
+    off, those tasks are parked (reject) and, released, hold again as their next run:
+    one hold per run, books exact."""
+    account = faults.new_account("10")
+
+    def prologs() -> int:
+        return HOOK_LOG.read_text().count("gpucredit[prolog-slurmctld] job=") if HOOK_LOG.exists() else 0
+
+    before = prologs()
+    rc, out, err = faults.box.sbatch(
+        ["--parsable", "-A", account, "--array=0-3", "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 3"]
+    )
+    assert rc == 0, err
+    tasks = [f"{int(out.strip().split(';')[0])}_{task}" for task in range(4)]
+    deadline = time.monotonic() + 60
+    while prologs() == before:
+        assert time.monotonic() < deadline, "no prolog ran"
+        time.sleep(0.01)
+    faults.stop_database()
+    faults.start_database()
+    for task in tasks:  # each either ran or was parked; parked ones are released
+        deadline = time.monotonic() + 90
+        while True:
+            info = faults.box.scontrol_job(task)
+            if info.get("Reason") == "JobHeldAdmin":
+                release(task)
+            if info.get("JobState") in ("RUNNING", "COMPLETING", "COMPLETED"):
+                break
+            assert time.monotonic() < deadline, info
+            time.sleep(0.2)
+    for task in tasks:
+        faults.box.wait_state(task, "COMPLETED", timeout=90)
+    raw = {task: int(sacct_runs(faults.box, task, account)[-1]["JobIDRaw"]) for task in tasks}
+    for task in tasks:
+        faults.wait_hook("epilog-slurmctld", raw[task], "settled hold")
+    holds = faults.check(account, dict.fromkeys(tasks, PRICES["a100"]), since)
+    assert all(len([h for h in holds[task] if h.state == "settled"]) == 1 for task in tasks), holds
