@@ -111,7 +111,7 @@ def check(sim: Simulation, factory: sessionmaker[Session], wall_seconds: float) 
             per_run_wrong.append(
                 f"job {key[0]} run {key[1]}: ledger {format_credits(got)}, sacct {format_credits(want)}"
             )
-    lines = []
+    lines: list[dict[str, Any]] = []
     for account in accounts:
         changes = books.reconcile_changes.get(account, Counter())
         bridge = sum(changes.values())
@@ -132,18 +132,16 @@ def check(sim: Simulation, factory: sessionmaker[Session], wall_seconds: float) 
     for account, outcome in books.reconcile_outcomes:
         if outcome.counter == "adjusted" and outcome.change_ucredits > 0:
             upward[account] += outcome.change_ucredits
-    overspend = []
+    overspend: list[dict[str, Any]] = []
     for account in accounts:
         debt = max(0, -books.min_available.get(account, 0))
-        if config.policy == "reject":
-            bound: int | None = upward[account]
-        else:
-            bound = None  # policy accept: the credit line's bound is not in ledger.api yet
+        outage = books.outage_bounds.get(account, 0 if config.policy == "reject" else None)
+        bound = None if outage is None else outage + upward[account]
         overspend.append({"account": account, "debt": debt, "bound": bound})
     over_bound = [o for o in overspend if o["bound"] is not None and o["debt"] > o["bound"]]
     worst = sorted(overspend, key=lambda o: -o["debt"])[:5]
 
-    shares = {a: books.share_sums[a] / books.share_samples for a in accounts if books.share_samples}
+    shares = {a: books.share_sums.get(a, 0.0) / books.share_samples for a in accounts if books.share_samples}
     fair_values = [gpu_seconds[a] / shares[a] for a in accounts if shares.get(a, 0) > 0]
     fairness = jain(fair_values)
 
@@ -213,9 +211,8 @@ def check(sim: Simulation, factory: sessionmaker[Session], wall_seconds: float) 
             ],
         },
         "overspend": {
-            "bound_rule": "full + reject: 0, plus the run's own usage Slurm reported after the epilog"
-            if config.policy == "reject"
-            else "accept: bound not available from ledger.api yet",
+            "bound_rule": f"{books.outage_bound_source or 'no outage'}; plus upward corrections "
+            "(usage Slurm reported after the epilog)",
             "accounts_in_debt": sum(1 for o in overspend if o["debt"] > 0),
             "accounts_over_bound": len(over_bound),
             "max_debt": format_credits(max((o["debt"] for o in overspend), default=0)),

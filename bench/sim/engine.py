@@ -28,7 +28,7 @@ import heapq
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -45,7 +45,7 @@ from bench.sim.workload import PRICE_CHANGE, PRICES_UCREDITS_PER_HOUR, T0, Confi
 from gpucredit.daemon import hook_service
 from ledger import api
 from ledger.errors import LedgerError
-from ledger.money import format_credits
+from ledger.money import format_credits, parse_credits
 
 CLUSTER = "sim"
 PARTITION = "gpu"
@@ -99,11 +99,15 @@ class Books:
     reconcile_outcomes: list[tuple[str, RunOutcome]] = field(default_factory=list)
     reconcile_failures: list[str] = field(default_factory=list)
     meter_errors: list[str] = field(default_factory=list)
-    share_sums: Counter[str] = field(default_factory=Counter)
+    share_sums: dict[str, float] = field(default_factory=dict)
     share_samples: int = 0
     peak_running_jobs: int = 0
     peak_running_gpus: int = 0
     duplicate_epilog_mismatches: list[str] = field(default_factory=list)
+    # Per account, the ledger's own outage bound (ledger.bounds) summed over the outages;
+    # None: unbounded or not available from this ledger.
+    outage_bounds: dict[str, int | None] = field(default_factory=dict)
+    outage_bound_source: str = ""
     recheck_moves: int = -1  # money-moving runs when every stored run is reconciled again at the end
     end: datetime = T0
 
@@ -221,6 +225,22 @@ class Simulation:
         )
         self._cancels: list[int] = []
         self.sched_dirty = True
+        self.spool: Counter[str] = Counter()  # the hooks' outage spool: estimates per account
+        self.lines = (
+            None
+            if self.config.outage_line_per_account is None
+            else parse_credits(self.config.outage_line_per_account),
+            None if self.config.outage_line_fleet is None else parse_credits(self.config.outage_line_fleet),
+        )
+        self.ledger_config = {
+            "holds": {"mode": "full"},
+            "meter": {"interval_seconds": self.config.meter_interval_seconds},
+            "policy": {
+                "on_ledger_unreachable": self.config.policy,
+                "outage_credit_line_per_account": self.config.outage_line_per_account,
+                "outage_credit_line_fleet": self.config.outage_line_fleet,
+            },
+        }
 
     # -- plumbing
 
@@ -243,7 +263,7 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self.events, (when, self._seq, kind, payload))
 
-    def _runner(self, argv: list[str]) -> str:
+    def _runner(self, argv: Sequence[str], *, timeout_seconds: float | None = None) -> str:
         if argv and argv[0] == "scancel":
             self._cancels.append(int(argv[1]))
         return ""
@@ -300,6 +320,8 @@ class Simulation:
         self._push(c.bridge_interval_seconds, "bridge")
         self._push(c.sample_interval_seconds, "sample")
         self.arrivals_end = c.days * 86_400
+        if c.cancel_at_end:
+            self._push(self.arrivals_end, "cancel_all")
         self.hard_stop = self.arrivals_end + c.max_limit_hours * 3600 + 2 * 86_400
         saved = hook_service.utcnow
         hook_service.utcnow = lambda: at(self.now)  # the daemon's clock is the simulation's
@@ -323,6 +345,7 @@ class Simulation:
             "topup": self._topup_event,
             "fault": self._fault_event,
             "recover": self._recover_event,
+            "cancel_all": self._cancel_all_event,
         }
         periodic = {"sched", "meter", "bridge", "sample", "daily"}
         wall = time.perf_counter()
@@ -415,7 +438,7 @@ class Simulation:
         """PrologSlurmctld at allocation: hold, or refuse (the job is requeued and held)."""
         spec = job.spec
         if self.hooks_down:
-            if self.config.policy == "accept":
+            if self.config.policy == "accept" and self._within_lines(spec):
                 self.books.events["unreserved_start"] += 1
                 self._start(job, node, hold_id=None)
                 return
@@ -440,6 +463,22 @@ class Simulation:
             self._refused(job, node, error.code)
             return
         self._start(job, node, hold_id=int(hold["id"]))
+
+    def _within_lines(self, spec: JobSpec) -> bool:
+        """The hooks' outage credit lines: admit a run while the spooled estimates
+        (GPUs x time limit x price) stay within the account's line and the fleet's."""
+        price = PRICES_UCREDITS_PER_HOUR[spec.gpu_type]
+        if spec.gpu_type == PRICE_CHANGE[0] and self.now >= self.config.days * 86_400 // 2:
+            price = PRICE_CHANGE[1]
+        estimate = -(-spec.gpus * price * spec.limit_seconds // 3600)
+        account_line, fleet_line = self.lines
+        spooled = self.spool[spec.account]
+        if account_line is not None and spooled + estimate > account_line:
+            return False
+        if fleet_line is not None and sum(self.spool.values()) + estimate > fleet_line:
+            return False
+        self.spool[spec.account] += estimate
+        return True
 
     def _refused(self, job: Job, node: Node, code: str) -> None:
         """A refused prolog: Slurm shows a REQUEUED attempt with Start == End; the job
@@ -573,6 +612,15 @@ class Simulation:
         job.state = "done"
         self.books.events["cancelled_pending"] += 1
 
+    def _cancel_all_event(self, _payload: Any) -> None:
+        """The end of a window-only run: every job still waiting or running is cancelled."""
+        for job in list(self.jobs.values()):
+            if job.state in ("pending", "held"):
+                self._cancel_pending(job)
+            elif job.state == "running":
+                self.books.events["cancelled_at_end"] += 1
+                self._end(job, "CANCELLED")
+
     # -- services
 
     def _meter_event(self, _payload: Any) -> None:
@@ -663,7 +711,8 @@ class Simulation:
         if total > 0:
             self.books.share_samples += 1
             for account, value in shares.items():
-                self.books.share_sums[account] += value / total
+                sums = self.books.share_sums
+                sums[account] = sums.get(account, 0.0) + value / total
         self.sched_dirty = True
 
     def _grant_event(self, grant: Any) -> None:
@@ -719,8 +768,33 @@ class Simulation:
             node.up = False
             self._push(self.now + fault.seconds, "recover", fault)
             return
+        if fault.kind in ("daemon", "database", "partition"):
+            self._outage_bound(fault.seconds)
         self.down[fault.kind] += 1
         self._push(self.now + fault.seconds, "recover", fault)
+
+    def _outage_bound(self, seconds: int) -> None:
+        """What `gpucredit policy bound --outage D` says as the outage begins (ledger.bounds),
+        added to each account's bound; without it in this ledger, reject's 0 only."""
+        bounds = self.books.outage_bounds
+        current = getattr(api, "current_outage_bound", None)
+        names = [a.name for a in self.workload.accounts]
+        if current is None:
+            self.books.outage_bound_source = "0 for full + reject (ledger.bounds not available)"
+            for name in names:
+                if self.config.policy == "reject":
+                    bounds.setdefault(name, 0)
+                else:
+                    bounds[name] = None
+            return
+        self.books.outage_bound_source = "ledger.bounds (gpucredit policy bound), summed over the outages"
+        with self._op("read") as s:
+            bound = current(s, self.ledger_config, seconds, at(self.now))
+        by_account = {row.account: row.bound_ucredits for row in bound.accounts}
+        for name in names:
+            value = by_account.get(name, bound.other_accounts.bound_ucredits)
+            before = bounds.get(name, 0)
+            bounds[name] = None if value is None or before is None else before + value
 
     def _recover_event(self, fault: Any) -> None:
         if fault.kind == "node_failure":
@@ -731,6 +805,8 @@ class Simulation:
             self.sched_dirty = True
             return
         self.down[fault.kind] -= 1
+        if not self.hooks_down:
+            self.spool.clear()  # the daemon read the spool back
         if not self.hooks_down and self.unreachable_held:
             # The admin releases the jobs held while the ledger was unreachable.
             held, self.unreachable_held = self.unreachable_held, []

@@ -39,6 +39,12 @@ class Config:
     # Budget as a share of what an account's jobs would cost: below 1 runs dry.
     budget_range: tuple[float, float] = (0.7, 1.6)
     policy: str = "reject"  # policy.on_ledger_unreachable
+    # Under accept, the hooks admit runs during an outage up to these lines (credits).
+    outage_line_per_account: str | None = "200"
+    outage_line_fleet: str | None = "1000"
+    # True: at the end of the arrivals every job still waiting or running is cancelled
+    # (the peak configuration: a few days at full concurrency, no drain).
+    cancel_at_end: bool = False
     # Service loops, simulated seconds.
     sched_interval_seconds: int = 60
     meter_interval_seconds: int = 900
@@ -107,6 +113,28 @@ FULL = Config(
     user_cancel=0.03,
     timeout=0.04,
 )
+# The full fleet at full concurrency (>= 20,000 running jobs on 4,000 nodes) for three
+# simulated days: what fits in ~20 minutes on a 2-core machine (docs/simulator.md).
+PEAK = FULL.with_(
+    name="peak",
+    jobs=26_000,
+    days=3,
+    burst_fraction=0.85,
+    meter_interval_seconds=12 * 3600,
+    node_failures=40,
+    agent_failures=10,
+    daemon_outages=(1, 30),
+    database_outages=(1, 20),
+    partitions=(1, 45),
+    meter_kills=(1, 240),
+    admin_requeue=0.01,
+    lost_epilog=0.005,
+    duplicate_epilog=0.01,
+    epilog_skew=0.01,
+    outage_line_per_account="2000",
+    outage_line_fleet="50000",
+    cancel_at_end=True,
+)
 # A tenth of the full size, for a quick look at the scaling.
 MEDIUM = FULL.with_(
     name="medium",
@@ -116,7 +144,7 @@ MEDIUM = FULL.with_(
     node_failures=20,
     agent_failures=5,
 )
-CONFIGS = {c.name: c for c in (SMALL, MEDIUM, FULL)}
+CONFIGS = {c.name: c for c in (SMALL, MEDIUM, PEAK, FULL)}
 
 
 @dataclass(frozen=True)
