@@ -2,7 +2,10 @@
 
 Writes /etc/gpucredit/gpucredit.toml (unless one exists), creates the ledger,
 mirrors Slurm's accounts, sets the demo prices when none are set, installs the
-hooks and starts `gpucredit daemon` in the background. Then:
+hooks and starts two `gpucredit daemon`s in the background, as on a site with a
+backup controller (docs/admin-guide.md "Two controllers"): the hooks list both
+sockets and fail over; kill one (`kill $(cat /run/gpucredit/daemon.pid)`) and jobs
+still hold and settle through the other. Then:
 
     gpucredit topup physics 100
     runuser -u alice -- sbatch -D /tmp -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
@@ -29,6 +32,10 @@ GPUCREDIT = str(Path(sys.executable).with_name("gpucredit"))
 CONFIG = Path(os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml"))
 PID_FILE = Path("/run/gpucredit/daemon.pid")
 SOCKET = Path("/run/gpucredit/daemon.sock")
+# The backup controller's daemon; on a real site it runs on the other host (its socket
+# forwarded here), on the box both run on one host.
+BACKUP_PID_FILE = Path("/run/gpucredit/backup.pid")
+BACKUP_SOCKET = Path("/run/gpucredit/backup.sock")
 LOG_DIR = Path("/var/log/gpucredit")
 DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
 CONFIG_TEXT = f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
@@ -37,6 +44,8 @@ url = "sqlite:////var/lib/gpucredit/gpucredit.db"
 
 [daemon]
 socket = "{SOCKET}"
+sockets = ["{SOCKET}", "{BACKUP_SOCKET}"]
+metrics_port = 0
 
 [policy]
 on_ledger_unreachable = "reject"
@@ -51,6 +60,7 @@ log_file = "{LOG_DIR / "hooks.log"}"
 spool_dir = "/var/spool/gpucredit/%n"
 """
 _DAEMON_START_S = 20
+_DAEMONS = ((PID_FILE, SOCKET, "daemon.log"), (BACKUP_PID_FILE, BACKUP_SOCKET, "backup-daemon.log"))
 
 
 def gpucredit(*args: str) -> str:
@@ -65,9 +75,9 @@ def gpucredit(*args: str) -> str:
     return proc.stdout
 
 
-def running_pid() -> int | None:
+def running_pid(pid_file: Path = PID_FILE) -> int | None:
     try:
-        pid = int(PID_FILE.read_text())
+        pid = int(pid_file.read_text())
         status = Path(f"/proc/{pid}/status").read_text()
     except (OSError, ValueError):
         return None
@@ -85,41 +95,44 @@ def up() -> list[str]:
         for gres, price in DEMO_PRICES.items():
             gpucredit("price", "set", gres, price)
     gpucredit("slurm", "install", "--config", str(CONFIG))
-    if running_pid() is None:
-        _start_daemon()
+    for pid_file, socket, log in _DAEMONS:
+        if running_pid(pid_file) is None:
+            _start_daemon(pid_file, socket, log)
     said += [
-        f"gpucredit daemon running (pid {running_pid()}); config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
+        f"gpucredit daemons running (pids {running_pid()}, {running_pid(BACKUP_PID_FILE)}); "
+        f"config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
         "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -D /tmp -A physics "
         "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
     ]
     return said
 
 
-def _start_daemon() -> None:
-    PID_FILE.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOG_DIR / "daemon.log", "ab") as log:
+def _start_daemon(pid_file: Path, socket: Path, log_name: str) -> None:
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOG_DIR / log_name, "ab") as log:
         proc = subprocess.Popen(
-            [GPUCREDIT, "daemon"],
+            [GPUCREDIT, "daemon", "--socket", str(socket)],
             env={**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,  # outlives `make slurm-up`
         )
-    PID_FILE.write_text(f"{proc.pid}\n")
+    pid_file.write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + _DAEMON_START_S
-    while not SOCKET.exists():
+    while not socket.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise BoxError(f"gpucredit daemon did not start; see {LOG_DIR / 'daemon.log'}")
+            raise BoxError(f"gpucredit daemon did not start; see {LOG_DIR / log_name}")
         time.sleep(0.1)
 
 
 def down() -> None:
-    """Stop the daemon; the ledger and the config stay (the next `up` reuses them)."""
-    pid = running_pid()
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-    PID_FILE.unlink(missing_ok=True)
+    """Stop the daemons; the ledger and the config stay (the next `up` reuses them)."""
+    for pid_file, _socket, _log in _DAEMONS:
+        pid = running_pid(pid_file)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        pid_file.unlink(missing_ok=True)
 
 
 __all__ = ["CONFIG", "GPUCREDIT", "down", "gpucredit", "running_pid", "up"]
