@@ -142,6 +142,14 @@ def _report_failures(data: dict[str, Any]) -> bool:
     help="Re-read this much before the cursor: sacct rows surface late.",
 )
 @click.option("--strict", is_flag=True, help="A malformed sacct line is fatal: exit 1, cursor unchanged.")
+@click.option(
+    "--batch-runs",
+    type=click.IntRange(min=1, max=100_000),
+    default=5_000,
+    show_default=True,
+    metavar="N",
+    help="Runs per reconciliation batch: one read, one bulk write, one transaction per paying account.",
+)
 @click.option("--rounds", type=click.IntRange(min=1), default=None, hidden=True)
 @format_option
 @click.pass_context
@@ -153,6 +161,7 @@ def sacct_command(
     interval_seconds: float,
     overlap_seconds: int,
     strict: bool,
+    batch_runs: int,
     rounds: int | None,
     fmt: str,
 ) -> None:
@@ -185,6 +194,7 @@ def sacct_command(
                 overlap=timedelta(seconds=overlap_seconds),
                 policy=policy,
                 strict=strict,
+                batch_runs=batch_runs,
             )
         except (SlurmCommandError, OperationalError) as error:
             # Nothing moved: the next round reads the same window again.

@@ -25,7 +25,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from accounting_bridge.backends import JobSource
-from accounting_bridge.reconcile import DEFAULT_POLICY, Policy, SessionFactory, Summary, reconcile_runs
+from accounting_bridge.reconcile import (
+    DEFAULT_BATCH_RUNS,
+    DEFAULT_POLICY,
+    Policy,
+    SessionFactory,
+    Summary,
+    reconcile_runs,
+)
 from accounting_bridge.sacct import ParseError
 from ledger import jobruns
 from ledger.timeutil import format_time
@@ -111,11 +118,13 @@ def ingest_round(
     first_window: timedelta = DEFAULT_FIRST_WINDOW,
     policy: Policy = DEFAULT_POLICY,
     strict: bool = False,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
 ) -> RoundResult:
     """Read one window of finished runs, reconcile them, and move the cursor to `now`.
 
     `since` overrides the cursor for this round (a backfill); otherwise the window
     starts at cursor - overlap, or now - first_window on the very first round.
+    `batch_runs` bounds each read and bulk write of reconciliation (see reconcile_runs).
     """
     if overlap < timedelta(0) or first_window < timedelta(0):
         raise ValueError("overlap and first_window must not be negative")
@@ -130,7 +139,12 @@ def ingest_round(
         result.aborted = True
         return result
     result.summary = reconcile_runs(
-        session_factory, parsed.runs, policy, suspect_job_ids=parsed.suspect_job_ids, now=now
+        session_factory,
+        parsed.runs,
+        policy,
+        suspect_job_ids=parsed.suspect_job_ids,
+        now=now,
+        batch_runs=batch_runs,
     )
     with session_factory() as s, s.begin():
         write_cursor(s, now, at=now)

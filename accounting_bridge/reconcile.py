@@ -41,19 +41,20 @@ Throughput comes from batching (:func:`reconcile_runs`): one compact read per ba
 GPUs) equals the one stored for the same attempt: they are unchanged and cost
 nothing more. A second read loads the other runs' stored rows and holds; those that
 move no money are written in one statement (COPY on PostgreSQL) without any lock.
-Runs that move money are gathered over batches and applied one transaction per
-paying account, which locks that account alone (DESIGN §4): its adjustments in one
-``adjust_holds`` call, its job_runs rows in one statement; on PostgreSQL a few
-accounts' transactions run at once. If the ledger refuses one run, its account's
-transaction is redone one run per transaction, so the refusal costs no other run.
+A batch's runs that move money are applied one transaction per paying account,
+which locks that account alone (DESIGN §4): its adjustments in one ``adjust_holds``
+call, its job_runs rows in one statement. If the ledger refuses one run, its
+account's transaction is redone one run per transaction, so the refusal costs no
+other run. On PostgreSQL a batch's writes and transactions run in background
+threads while the next batch is read and planned (their time is mostly round trips).
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -110,9 +111,6 @@ _MONEY_ACTIONS = frozenset({"settle", "adjust", "release", "unreserved"})
 REFUSED_ELAPSED_MAX_SECONDS = 1
 # Runs per batch: bounds each read, each bulk write and the memory they hold.
 DEFAULT_BATCH_RUNS = 5_000
-# Money-moving runs are gathered over batches up to this many, then applied one
-# transaction per paying account: the more runs per account, the fewer locks and commits.
-MONEY_RUNS_PER_FLUSH = 5_000
 # Accounts whose money-moving transactions run at once (PostgreSQL; SQLite has one writer).
 MONEY_WORKERS = 4
 # job_runs.flags is String(128).
@@ -709,22 +707,70 @@ def _reconcile_all(
             else:
                 same_job.append(run)
     summary.counts["seen"] += seen
-    batch: dict[tuple[str, int], list[SacctRun]] = {}
-    size = 0
-    money: list[_MoneyRun] = []
-    for key in sorted(jobs):  # in job order: each batch reads few id ranges
-        batch[key] = jobs[key]
-        size += len(batch[key])
-        if size >= batch_runs:
-            _reconcile_batch(session_factory, batch, policy, force, now, summary, money)
-            batch, size = {}, 0
-            if len(money) >= MONEY_RUNS_PER_FLUSH:
-                _move_money(session_factory, money, policy, now, summary)
-                money = []
-    if batch:
-        _reconcile_batch(session_factory, batch, policy, force, now, summary, money)
-    _move_money(session_factory, money, policy, now, summary)
+    with session_factory() as s:
+        concurrent = s.get_bind().dialect.name == "postgresql"  # SQLite has one writer at a time
+    with _Background(concurrent) as background:
+        batch: dict[tuple[str, int], list[SacctRun]] = {}
+        size = 0
+        for key in sorted(jobs):  # in job order: each batch reads few id ranges
+            batch[key] = jobs[key]
+            size += len(batch[key])
+            if size >= batch_runs:
+                _reconcile_batch(session_factory, batch, policy, force, now, summary, background)
+                batch, size = {}, 0
+        if batch:
+            _reconcile_batch(session_factory, batch, policy, force, now, summary, background)
+        for outcome in background.outcomes():
+            summary.add(outcome)
     return summary
+
+
+_Task = Callable[[], list[RunOutcome]]
+
+
+class _Background:
+    """Writes of earlier batches, run while later batches are read and planned.
+
+    On PostgreSQL a batch's bulk job_runs write goes to one writer thread and its
+    accounts' money-moving transactions to a few more (they lock one account each and
+    share no row, so they cannot wait on one another): most of their time is round
+    trips, which then overlap. On SQLite (one writer) each runs at once, in order.
+    `outcomes()` waits for all of them and yields their outcomes in submission order;
+    an error in any is raised there.
+    """
+
+    def __init__(self, concurrent: bool) -> None:
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="bridge-write") if concurrent else None
+        self.money = (
+            ThreadPoolExecutor(MONEY_WORKERS, thread_name_prefix="bridge-money") if concurrent else None
+        )
+        self.pending: list[Future[list[RunOutcome]]] = []
+
+    def write(self, task: _Task) -> None:
+        self._submit(self.writer, task)
+
+    def move_money(self, task: _Task) -> None:
+        self._submit(self.money, task)
+
+    def _submit(self, pool: ThreadPoolExecutor | None, task: _Task) -> None:
+        if pool is not None:
+            self.pending.append(pool.submit(task))
+            return
+        done: Future[list[RunOutcome]] = Future()
+        done.set_result(task())
+        self.pending.append(done)
+
+    def outcomes(self) -> Iterator[RunOutcome]:
+        for future in self.pending:
+            yield from future.result()
+
+    def __enter__(self) -> _Background:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for pool in (self.writer, self.money):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 def _reconcile_batch(
@@ -734,9 +780,9 @@ def _reconcile_batch(
     force: bool,
     now: datetime,
     summary: Summary,
-    money: list[_MoneyRun],
+    background: _Background,
 ) -> None:
-    """Reconcile what moves no money; queue in `money` the runs that do."""
+    """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`."""
     with session_factory() as s, s.begin():
         changed: dict[tuple[str, int], list[SacctRun]] = {}
         if force:
@@ -760,6 +806,7 @@ def _reconcile_batch(
     updates: list[JobRunRow] = []
     adopted: list[AttemptKey] = []
     per_run: list[SacctRun] = []
+    money: list[_MoneyRun] = []
     for key, job_runs in changed.items():
         holds = holds_by_job.get(key, [])
         for run in job_runs:
@@ -800,17 +847,35 @@ def _reconcile_batch(
             adopted.extend(_adopting(run, own_row))
             summary.counts[_counter(plan)] += 1  # matched / not_charged: counted, not listed
     if inserts or updates:
-        try:
-            with session_factory() as s, s.begin():
-                jobruns.adopt_submit_times(s, adopted)
-                jobruns.insert_job_runs(s, inserts)
-                jobruns.upsert_job_runs(s, updates)
-        except IntegrityError:  # another writer stored one of these runs since we read: upsert all
-            with session_factory() as s, s.begin():
-                jobruns.adopt_submit_times(s, adopted)
-                jobruns.upsert_job_runs(s, inserts + updates)
+        background.write(functools.partial(_write_rows, session_factory, inserts, updates, adopted))
+    by_account: dict[str, list[_MoneyRun]] = {}
+    for item in money:
+        by_account.setdefault(item.run.account, []).append(item)
+    for account in sorted(by_account):
+        background.move_money(
+            functools.partial(_move_account_money, session_factory, account, by_account[account], policy, now)
+        )
     for run in per_run:
         summary.add(_reconcile_one(session_factory, run, policy, now))
+
+
+def _write_rows(
+    session_factory: SessionFactory,
+    inserts: list[JobRunRow],
+    updates: list[JobRunRow],
+    adopted: list[AttemptKey],
+) -> list[RunOutcome]:
+    """The job_runs rows of runs that moved no money (already counted), in one transaction."""
+    try:
+        with session_factory() as s, s.begin():
+            jobruns.adopt_submit_times(s, adopted)
+            jobruns.insert_job_runs(s, inserts)
+            jobruns.upsert_job_runs(s, updates)
+    except IntegrityError:  # another writer stored one of these runs since we read: upsert all
+        with session_factory() as s, s.begin():
+            jobruns.adopt_submit_times(s, adopted)
+            jobruns.upsert_job_runs(s, inserts + updates)
+    return []
 
 
 class _MoneyRun(NamedTuple):
@@ -819,42 +884,6 @@ class _MoneyRun(NamedTuple):
     run: SacctRun
     plan: Plan
     stored: StoredRun | None
-
-
-def _move_money(
-    session_factory: SessionFactory,
-    money: Sequence[_MoneyRun],
-    policy: Policy,
-    now: datetime,
-    summary: Summary,
-) -> None:
-    """Carry out the plans that move money: one transaction per paying account.
-
-    Each transaction locks one account (DESIGN §4) and applies all of its runs: their
-    adjustments in one `adjust_holds` call, settles, releases and unreserved charges one
-    by one, and their job_runs rows in one statement. On PostgreSQL several accounts'
-    transactions run at once (they share no row, so they cannot wait on each other);
-    most of a transaction's time is round trips. Outcomes are reported in account order.
-    """
-    by_account: dict[str, list[_MoneyRun]] = {}
-    for item in money:
-        by_account.setdefault(item.run.account, []).append(item)
-    accounts = sorted(by_account)
-
-    def move(account: str) -> list[RunOutcome]:
-        return _move_account_money(session_factory, account, by_account[account], policy, now)
-
-    with session_factory() as s:
-        concurrent = s.get_bind().dialect.name == "postgresql"  # SQLite: one writer at a time
-    workers = min(MONEY_WORKERS if concurrent else 1, len(accounts))
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bridge-money") as pool:
-            results = list(pool.map(move, accounts))
-    else:
-        results = [move(account) for account in accounts]
-    for outcomes in results:
-        for outcome in outcomes:
-            summary.add(outcome)
 
 
 def _move_account_money(

@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+import click
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from accounting_bridge.ingest import ingest_round
 from accounting_bridge.reconcile import Summary, reconcile_runs, reconcile_stored
-from accounting_bridge.sacct import SacctRun
+from accounting_bridge.sacct import ParseResult, SacctRun, SqueueResult
+from gpucredit.cli import _build
 from ledger import api
 from ledger.db import make_sessionmaker
 from ledger.models import JobRun
@@ -217,3 +221,40 @@ def test_batches_smaller_than_the_window_give_the_same_answers(factory: sessionm
     assert [charged(factory, run.job_id)[0] for run in runs] == [
         api.charge_for(HOUR_A100, run.elapsed_seconds) for run in runs
     ]
+
+
+class _Window:
+    """A job source that returns the same finished runs for any window."""
+
+    def __init__(self, runs: list[SacctRun]) -> None:
+        self.runs = runs
+
+    def finished_runs(self, since: datetime, until: datetime) -> ParseResult:
+        return ParseResult(runs=list(self.runs))
+
+    def running_jobs(self) -> SqueueResult:
+        return SqueueResult()
+
+
+def test_a_round_in_small_batches_charges_what_one_batch_does(factory: sessionmaker[Session]) -> None:
+    runs = [
+        run_of(job_id, "physics" if job_id % 3 else "chemistry", "alice" if job_id % 3 else "bob")
+        for job_id in range(1, 10)
+    ]
+    for run in runs[:6]:
+        settled(factory, run, 1800)
+    first = ingest_round(factory, _Window(runs), now=LATER, batch_runs=2)
+    assert {name: n for name, n in first.summary.counts.items() if n} == {
+        "seen": 9,
+        "adjusted": 6,
+        "unreserved": 3,
+    }
+    assert (available(factory, "physics"), available(factory, "chemistry")) == ("88.00", "94.00")
+    again = ingest_round(factory, _Window(runs), now=LATER, batch_runs=2)
+    assert again.summary.counts["unchanged"] == 9
+
+
+def test_the_cli_refuses_a_batch_size_outside_its_bounds() -> None:
+    result = CliRunner().invoke(cast(click.Command, _build()), ["bridge", "sacct", "--batch-runs", "0"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--batch-runs': 0 is not in the range 1<=x<=100000." in result.output
