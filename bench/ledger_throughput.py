@@ -1,12 +1,22 @@
 """Ledger throughput on PostgreSQL: hold+settle cycles/s against pgbench's tpcb-like tps.
 
-Both run in this one invocation against the same server, so the ratio is meaningful
+All run in this one invocation against the same server, so the ratios are meaningful
 on whatever machine runs it. A cycle is one job's life in the ledger: a hold (limits,
-credit check, earmarks) and its settle (charge, release of the rest), two
-transactions. Accounts are many, as on a real cluster, so workers contend on the
-server, not on one account's lock.
+credit check, earmarks) and its settle (charge, release of the rest). Accounts are
+many, as on a real cluster, so clients contend on the server, not on one account's lock.
 
-    .venv/bin/python -m bench.ledger_throughput [--workers 4] [--seconds 15] [--profile]
+Two paths are measured:
+
+- daemon (the real one): a `gpucredit daemon` process on a fresh database, driven by N
+  client processes that speak the hooks' socket protocol with the hooks' own
+  `DaemonClient`; the daemon applies their requests in batches (group commit).
+  Prints cycles/s, p50/p99 latency per request and the ratio to pgbench.
+- direct: N processes calling the ledger functions, one transaction per call.
+
+    .venv/bin/python -m bench.ledger_throughput [--clients 16] [--workers 4] [--seconds 15] [--profile]
+
+`--profile` also profiles the daemon's writer applying batches of holds and settles
+(the same GroupCommitter code, in this process, without the socket).
 """
 
 from __future__ import annotations
@@ -15,23 +25,33 @@ import argparse
 import cProfile
 import io
 import multiprocessing as mp
+import os
 import pstats
 import re
 import shutil
+import statistics
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from bench.goals import report
 from ledger import api
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade
+from slurm_hooks.client import DaemonClient, DaemonUnreachable
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-ACCOUNTS = 64
+ACCOUNTS = 256
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -87,6 +107,141 @@ def worker(database: str, index: int, seconds: float, barrier, results) -> None:
     engine.dispose()
 
 
+# -- the daemon path ----------------------------------------------------------------------------
+
+
+@contextmanager
+def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -> Iterator[tuple[str, int]]:
+    """A real `gpucredit daemon` on `database`; yields its socket. Its Slurm is an sinfo
+    script (the daemon reads partitions in the background), as in tests/test_daemon.py."""
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'gpu|gpu:h100:8,gpu:a100:8'\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    socket_path = workdir / "daemon.sock"
+    config = workdir / "gpucredit.toml"
+    config.write_text(
+        f'[database]\nurl = "{_url(database)}"\n'
+        f'[daemon]\nsocket = "{socket_path}"\nmetrics_port = 0\n'
+        f"batch_max = {batch_max}\nwriters = {writers}\n"
+        f'[slurm]\ncluster = "bench"\nbin_dir = "{bin_dir}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPUCREDIT_DATABASE_URL"}
+    env["GPUCREDIT_CONFIG"] = str(config)
+    log_path = workdir / "daemon.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpucredit", "daemon", "--release-interval", "0"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        client = DaemonClient(str(socket_path), 5.0)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.call("ping")
+                break
+            except DaemonUnreachable:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"gpucredit daemon did not start:\n{log_path.read_text()}") from None
+                time.sleep(0.1)
+        yield str(socket_path), process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        batches = re.search(r"group commit: (\d+) requests in (\d+) batches", log_path.read_text())
+        if batches:
+            requests, count = int(batches.group(1)), int(batches.group(2))
+            print(
+                f"daemon  {requests} requests in {count} batches ({requests / max(count, 1):.1f} per batch)"
+            )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hook_requests(account: str, job_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The prolog's hold and the epilog's settle of one job, as the hooks send them."""
+    start = EPOCH + timedelta(days=200, seconds=job_id % 86400)
+    job = {"cluster": "bench", "job_id": job_id, "run": 0, "submit": _iso(start - timedelta(seconds=5))}
+    hold = {
+        **job,
+        "account": account,
+        "user": "alice",
+        "partition": "gpu",
+        "gpus": {"h100": 2, "a100": 1},
+        "seconds": 7200,
+        "nodes": 1,
+        "start": _iso(start),
+    }
+    settle = {**job, "start": _iso(start), "end": _iso(start + timedelta(seconds=1800))}
+    return hold, settle
+
+
+def _iso(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def daemon_client(socket_path: str, index: int, seconds: float, barrier, results) -> None:  # type: ignore[no-untyped-def]
+    client = DaemonClient(socket_path, 30.0)
+    latencies: list[float] = []
+    done = failed = 0
+    job_id = (index + 1) * 10**7
+    barrier.wait()
+    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < deadline:
+        job_id += 1
+        hold, settle = hook_requests(f"acct{job_id % ACCOUNTS}", job_id)
+        try:
+            for op, request in (("hold", hold), ("settle", settle)):
+                began = time.perf_counter()
+                client.call(op, **request)
+                latencies.append(time.perf_counter() - began)
+            done += 1
+        except Exception as error:  # counted, never fatal: the figure says how many failed
+            failed += 1
+            if failed <= 3:
+                print(f"client {index}: {error}", file=sys.stderr, flush=True)
+    results.put((done, failed, time.perf_counter() - start, latencies))
+
+
+def daemon_cycles_per_second(socket_path: str, clients: int, seconds: float) -> dict[str, float]:
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    procs = [
+        ctx.Process(target=daemon_client, args=(socket_path, i, seconds, barrier, results))
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join()
+    latencies = sorted(x for *_, lat in outcomes for x in lat)
+    elapsed = max(e for _, _, e, _ in outcomes)
+    return {
+        "cycles": sum(d for d, *_ in outcomes) / elapsed,
+        "failed": sum(f for _, f, *_ in outcomes),
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+        if latencies
+        else float("nan"),
+    }
+
+
+# -- the direct path ----------------------------------------------------------------------------
+
+
 def ledger_cycles_per_second(database: str, workers: int, seconds: float) -> float:
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
@@ -125,43 +280,84 @@ def pgbench_tps(clients: int, seconds: int) -> float:
             c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
 
 
-def profile(database: str, cycles: int) -> str:
-    engine = make_engine(_url(database), pool_size=1)
-    factory = make_sessionmaker(engine)
-    cycle(factory, "acct0", 2 * 10**9)
+def profile(database: str, cycles: int, batch: int) -> str:
+    """The daemon's writer applying `cycles` holds then settles in batches of `batch`,
+    profiled in this process (cProfile sees one thread; the writer is one)."""
+    from gpucredit.daemon.group_commit import Pending
+    from gpucredit.daemon.server import Daemon
+    from ledger.config import load_config
+
+    config = load_config(Path("/dev/null"))
+    config["database"]["url"] = _url(database)
+    daemon = Daemon(config, runner=lambda *_a, **_k: "")
+    jobs = [hook_requests(f"acct{i % ACCOUNTS}", 3 * 10**9 + i) for i in range(cycles + batch)]
+    warm = jobs[:batch]
+    daemon.batches.apply([Pending("hold", h) for h, _ in warm])
+    daemon.batches.apply([Pending("settle", s) for _, s in warm])
     profiler = cProfile.Profile()
+    started = time.perf_counter()
     profiler.enable()
-    for i in range(cycles):
-        cycle(factory, f"acct{i % ACCOUNTS}", 3 * 10**9 + i)
+    for first in range(batch, cycles + batch, batch):
+        chunk = jobs[first : first + batch]
+        for op, index in (("hold", 0), ("settle", 1)):
+            pendings = [Pending(op, job[index]) for job in chunk]
+            daemon.batches.apply(pendings)
+            assert all(p.error is None for p in pendings), [p.error for p in pendings if p.error][:1]
     profiler.disable()
-    engine.dispose()
+    elapsed = time.perf_counter() - started
+    daemon.engine.dispose()
     out = io.StringIO()
+    print(
+        f"writer: {cycles} cycles in batches of {batch}: {1000 * elapsed / cycles:.2f} ms per cycle "
+        "(profiled, so slower than unprofiled)",
+        file=out,
+    )
     stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
-    stats.print_stats(25)
+    stats.print_stats(30)
+    stats.sort_stats("tottime").print_stats(20)
     return out.getvalue()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--clients", type=int, default=16, help="daemon clients (hook processes at once)")
+    parser.add_argument("--workers", type=int, default=4, help="direct-to-ledger processes")
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--profile", action="store_true", help="also profile one worker's cycles")
+    parser.add_argument("--batch-max", type=int, default=64, help="the daemon's daemon.batch_max")
+    parser.add_argument("--writers", type=int, default=1, help="the daemon's daemon.writers")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct-to-ledger figure")
+    parser.add_argument("--profile", action="store_true", help="also profile the daemon's writer")
     args = parser.parse_args()
     database = f"gpucredit_bench_{uuid.uuid4().hex[:8]}"
     setup(database)
     try:
-        rows = []
-        for workers in args.workers:
-            cycles = ledger_cycles_per_second(database, workers, args.seconds)
-            tps = pgbench_tps(workers, int(args.seconds))
-            rows.append((workers, cycles, tps))
+        with (
+            tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
+            daemon_process(database, Path(workdir), args.batch_max, args.writers) as (socket_path, pid),
+        ):
+            cpu_before = cpu_seconds(pid)
+            daemon = daemon_cycles_per_second(socket_path, args.clients, args.seconds)
+            daemon_cpu = cpu_seconds(pid) - cpu_before
+        tps = pgbench_tps(args.clients, int(args.seconds))
         print(
-            f"{'clients':>7}  {'ledger cycles/s':>15}  {'pgbench tps':>11}  {'ratio':>6}  (goal >= 0.50)"
+            f"daemon  {args.clients} clients, {args.writers} writer(s): {daemon['cycles']:.0f} hold+settle "
+            f"cycles/s, request p50 {daemon['p50_ms']:.1f} ms p99 {daemon['p99_ms']:.1f} ms, "
+            f"{daemon['failed']:.0f} failed; daemon CPU "
+            f"{1000 * daemon_cpu / max(daemon['cycles'] * args.seconds, 1):.2f} ms per cycle"
         )
-        for workers, cycles, tps in rows:
-            print(f"{workers:>7}  {cycles:>15.0f}  {tps:>11.0f}  {cycles / tps:>6.3f}")
+        print(f"pgbench tpcb-like {tps:.0f} tps ({args.clients} clients); ratio {daemon['cycles'] / tps:.3f}")
+        if not args.no_direct:
+            direct = ledger_cycles_per_second(database, args.workers, args.seconds)
+            direct_tps = pgbench_tps(args.workers, int(args.seconds))
+            print(
+                f"direct  {args.workers} processes: {direct:.0f} cycles/s; pgbench {direct_tps:.0f} tps "
+                f"({args.workers} clients); ratio {direct / direct_tps:.3f}"
+            )
         if args.profile:
-            print(profile(database, 300))
+            print(profile(database, 512, min(args.batch_max, args.clients)))
+        report(
+            "ledger: daemon hold+settle cycles/s ÷ pgbench tps", daemon["cycles"] / tps, goal=1.0, must=0.5
+        )
     finally:
         with _admin().connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))

@@ -59,33 +59,48 @@ def ensure_account(s: Session, name: str) -> bool:
     return True
 
 
+_LOCKED_COLUMNS = (
+    accounts_t.c.id,
+    accounts_t.c.name,
+    accounts_t.c.debt_ucredits,
+    accounts_t.c.entry_count,
+    accounts_t.c.head_hash,
+)
+
+
 def lock_account(s: Session, name: str) -> LockedAccount:
     """Lock one customer account row for the rest of the transaction."""
     return read_account(s, name, lock=True)
 
 
-def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> None:
-    """Lock several customer accounts in one statement, in id order (PostgreSQL).
+def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> dict[int, LockedAccount]:
+    """Lock several customer accounts in one statement, in id order; returns them by id.
 
     For a batch of single-account operations in one transaction (the daemon's group
     commit): locked one by one in arrival order, two batches could take the same two
-    accounts in opposite orders and deadlock. `ids` may be a subquery. SQLite's
-    BEGIN IMMEDIATE already holds the whole database.
+    accounts in opposite orders and deadlock. `ids` may be a subquery. On SQLite the rows
+    are only read: BEGIN IMMEDIATE already holds the whole database. Names that are no
+    customer account are left out (`no_account` is the refusal).
     """
-    if s.get_bind().dialect.name != "postgresql":
-        return
     wanted = []
     if names:
         wanted.append(accounts_t.c.name.in_(sorted(names)))
     if ids is not None:
         wanted.append(accounts_t.c.id.in_(ids))
-    if wanted:
-        s.execute(
-            select(accounts_t.c.id)
-            .where(accounts_t.c.kind == "customer", or_(*wanted))
-            .order_by(accounts_t.c.id)
-            .with_for_update()
-        )
+    if not wanted:
+        return {}
+    query = (
+        select(*_LOCKED_COLUMNS)
+        .where(accounts_t.c.kind == "customer", or_(*wanted))
+        .order_by(accounts_t.c.id)
+    )
+    if s.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return {row.id: LockedAccount(*row) for row in s.execute(query)}
+
+
+def no_account(name: str) -> NotFound:
+    return NotFound(f"account {name!r} does not exist", details={"account": name})
 
 
 def lock_account_by_id(s: Session, account_id: Any) -> LockedAccount | None:
@@ -119,7 +134,7 @@ def read_account(s: Session, name: str, *, lock: bool = False) -> LockedAccount:
         query = query.with_for_update()
     row = s.execute(query).first()
     if row is None:
-        raise NotFound(f"account {name!r} does not exist", details={"account": name})
+        raise no_account(name)
     return LockedAccount(row.id, row.name, row.debt_ucredits, row.entry_count, row.head_hash)
 
 

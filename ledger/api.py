@@ -53,6 +53,7 @@ from ledger.history import (
     job_record,
     running_totals,
 )
+from ledger.hold_batch import create_holds, find_active_holds, settle_holds
 from ledger.holds import (
     ActiveRun,
     HoldState,
@@ -158,6 +159,7 @@ __all__ = [
     "consume",
     "create_account",
     "create_hold",
+    "create_holds",
     "create_token",
     "credit_use",
     "current_outage_bound",
@@ -169,6 +171,7 @@ __all__ = [
     "estimate",
     "fairness_inputs",
     "find_active_hold",
+    "find_active_holds",
     "find_hold",
     "find_job_holds",
     "find_payment",
@@ -216,6 +219,7 @@ __all__ = [
     "set_price",
     "settle",
     "settle_hold",
+    "settle_holds",
     "show_limits",
     "sweep",
     "topup",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from ledger.accounts import check_name, lock_account, lock_account_by_id, lock_accounts
@@ -246,13 +246,17 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
 
 def lock_batch(s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]) -> None:
     """Lock, in id order, the accounts a batch will touch: those named by its holds and
-    those of the active holds of its settles' `(cluster, job_id)` (the daemon's group commit)."""
-    owners = None
+    those of the holds of its settles' `(cluster, job_id)` (the daemon's group commit)."""
+    owners: set[int] = set()
     if jobs:
-        owners = select(holds_t.c.account_id).where(
-            holds_t.c.state == "active", tuple_(holds_t.c.cluster, holds_t.c.job_id).in_(sorted(jobs))
+        # Read first, then lock by id: a subquery under FOR UPDATE gets a nested-loop plan
+        # over all holds while the planner has no statistics for a young table (25 ms).
+        # Every hold of the job, resolved ones too: a repeated settle replays one.
+        query = select(holds_t.c.cluster, holds_t.c.job_id, holds_t.c.account_id).where(
+            holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs}))
         )
-    lock_accounts(s, accounts, owners)
+        owners = {account_id for cluster, job_id, account_id in s.execute(query) if (cluster, job_id) in jobs}
+    lock_accounts(s, accounts, owners or None)
 
 
 def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
@@ -297,12 +301,17 @@ def _same_run(
         return None
     stored = s.execute(select(holds_t.c.request_hash).where(holds_t.c.id == existing.id)).scalar_one()
     if stored != digest:
-        raise Conflict(
-            f"job {cluster}/{job_id} run {run} already has a hold for a different request",
-            code="idempotency_conflict",
-            details={"hold_id": existing.id},
-        )
+        raise _run_conflict(existing)
     return existing
+
+
+def _run_conflict(existing: HoldState) -> Conflict:
+    return Conflict(
+        f"job {existing.cluster}/{existing.job_id} run {existing.run} "
+        "already has a hold for a different request",
+        code="idempotency_conflict",
+        details={"hold_id": existing.id},
+    )
 
 
 def _new_hold(s: Session, account: LockedAccount, request_hash: str, **fields: Any) -> HoldState:
@@ -320,6 +329,125 @@ def _new_hold(s: Session, account: LockedAccount, request_hash: str, **fields: A
         insert(holds_t).values(**values, request_hash=request_hash).returning(holds_t.c.id)
     ).scalar_one()
     return HoldState(id=hold_id, account=account.name, **values)
+
+
+@dataclass
+class _HoldRequest:
+    """A hold request, checked and normalised, with the digest that identifies its body."""
+
+    account: str
+    user: str
+    gpus: dict[str, int]
+    seconds: int
+    cluster: str
+    job_id: int
+    run: int
+    partition: str | None
+    at: datetime
+    grace_seconds: int
+    started_at: datetime | None
+    submitted_at: datetime
+    output_path: str | None
+    digest: str
+
+
+def _hold_request(
+    account_name: str,
+    *,
+    user: str,
+    job_id: int,
+    gpus: str | dict[str, int],
+    seconds: int | str,
+    cluster: str = "default",
+    run: int = 0,
+    partition: str | None = None,
+    at: datetime | None = None,
+    grace_seconds: int = DEFAULT_GRACE_SECONDS,
+    started_at: datetime | None = None,
+    submitted_at: datetime | None = None,
+    output_path: str | None = None,
+) -> _HoldRequest:
+    check_name(user, "user")
+    gpu_map = parse_gpus(gpus)
+    seconds = parse_seconds(seconds, field="seconds")
+    _check_job(job_id, run)
+    body = {
+        "account": account_name,
+        "user": user,
+        "gpus": format_gpus(gpu_map),
+        "seconds": seconds,
+        "partition": partition,
+    }
+    return _HoldRequest(
+        account_name,
+        user,
+        gpu_map,
+        seconds,
+        cluster,
+        job_id,
+        run,
+        partition,
+        at or utcnow(),
+        grace_seconds,
+        started_at,
+        _submit_time(submitted_at),
+        output_path,
+        request_hash("hold", body),
+    )
+
+
+def _reserve(grants: list[GrantState], account: LockedAccount, req: _HoldRequest, amount: int) -> list[Leg]:
+    """Earmark `amount` in burn order from credit free at `req.at`, or refuse naming both."""
+    available = available_now(grants, account, req.at)
+    if amount > available:
+        raise InsufficientCredits(
+            f"account {account.name}: this job needs {format_credits(amount)} credits "
+            f"({format_gpus(req.gpus)} for {req.seconds} s) but {format_credits(available)} are available",
+            details={
+                "account": account.name,
+                "needed": format_credits(amount),
+                "available": format_credits(available),
+            },
+        )
+    legs: list[Leg] = []
+    if take_free(grants, account, amount, req.at, "held", legs):
+        raise RuntimeError("available credit was computed but could not be earmarked")
+    return legs
+
+
+def _hold_amount(req: _HoldRequest, rate: int) -> int:
+    """What a new hold reserves at `rate` per hour."""
+    return charge_for(rate, req.seconds)
+
+
+def _hold_fields(req: _HoldRequest, rate: int, unit_prices: dict[str, int], amount: int) -> dict[str, Any]:
+    """The new hold's columns (besides its account and charges)."""
+    started_at = req.started_at or req.at
+    return {
+        "user": req.user,
+        "cluster": req.cluster,
+        "job_id": req.job_id,
+        "run": req.run,
+        "submitted_at": req.submitted_at,
+        "partition": req.partition,
+        "gpus": format_gpus(req.gpus),
+        "gpu_count": sum(req.gpus.values()),
+        "unit_prices": format_gpus(unit_prices),
+        "rate_ucredits_per_hour": rate,
+        "limit_seconds": req.seconds,
+        "amount_ucredits": amount,
+        "started_at": started_at,
+        "expires_at": started_at + timedelta(seconds=req.seconds + req.grace_seconds),
+        "output_path": req.output_path,
+    }
+
+
+def _hold_memo(req: _HoldRequest) -> dict[str, Any]:
+    return {
+        "job": f"{req.cluster}/{req.job_id}/{req.run}",
+        "gpus": format_gpus(req.gpus),
+        "seconds": req.seconds,
+    }
 
 
 def create_hold(
@@ -345,87 +473,53 @@ def create_hold(
     count seconds from it. Slurm's StartTime is whole seconds, so it can precede a
     top-up made a moment before submission: the credit check uses `at`, not it.
     `submitted_at` is Slurm's SubmitTime of this attempt (see the module docstring).
+    The same rules serve many requests at once in `ledger.hold_batch.create_holds`.
     """
-    check_name(user, "user")
-    gpu_map = parse_gpus(gpus)
-    seconds = parse_seconds(seconds, field="seconds")
-    _check_job(job_id, run)
-    submitted_at = _submit_time(submitted_at)
-    at = at or utcnow()
-    account = lock_account(s, account_name)
-    body = {
-        "account": account_name,
-        "user": user,
-        "gpus": format_gpus(gpu_map),
-        "seconds": seconds,
-        "partition": partition,
-    }
-    digest = request_hash("hold", body)
-    existing = _same_run(s, cluster, job_id, run, submitted_at, digest)
-    if existing is not None:
-        return existing
-    rate, unit_prices = rate_for(s, gpu_map, partition, at)
-    amount = charge_for(rate, seconds)
-    gpu_count = sum(gpu_map.values())
-    check_limits(s, account, user, gpu_count, rate, amount, at)
-    grants = load_grants(s, account.id)
-    available = available_now(grants, account, at)
-    if amount > available:
-        raise InsufficientCredits(
-            f"account {account.name}: this job needs {format_credits(amount)} credits "
-            f"({format_gpus(gpu_map)} for {seconds} s) but {format_credits(available)} are available",
-            details={
-                "account": account.name,
-                "needed": format_credits(amount),
-                "available": format_credits(available),
-            },
-        )
-    legs: list[Leg] = []
-    if take_free(grants, account, amount, at, "held", legs):
-        raise RuntimeError("available credit was computed but could not be earmarked")
-    started_at = started_at or at
-    expires_at = started_at + timedelta(seconds=seconds + grace_seconds)
-    hold = _new_hold(
-        s,
-        account,
-        digest,
+    req = _hold_request(
+        account_name,
         user=user,
-        cluster=cluster,
         job_id=job_id,
+        gpus=gpus,
+        seconds=seconds,
+        cluster=cluster,
         run=run,
-        submitted_at=submitted_at,
         partition=partition,
-        gpus=format_gpus(gpu_map),
-        gpu_count=gpu_count,
-        unit_prices=format_gpus(unit_prices),
-        rate_ucredits_per_hour=rate,
-        limit_seconds=seconds,
-        amount_ucredits=amount,
+        at=at,
+        grace_seconds=grace_seconds,
         started_at=started_at,
-        expires_at=expires_at,
+        submitted_at=submitted_at,
         output_path=output_path,
     )
-    post(
-        s,
-        account,
-        "hold",
-        at,
-        legs,
-        user=user,
-        hold_id=hold.id,
-        memo={"job": f"{cluster}/{job_id}/{run}", "gpus": format_gpus(gpu_map), "seconds": seconds},
-    )
-    earmarks = [(leg.grant_id, leg.amount_ucredits) for leg in legs if leg.bucket == "held"]
+    account = lock_account(s, account_name)
+    existing = _same_run(s, req.cluster, req.job_id, req.run, req.submitted_at, req.digest)
+    if existing is not None:
+        return existing
+    rate, unit_prices = rate_for(s, req.gpus, req.partition, req.at)
+    amount = _hold_amount(req, rate)
+    check_limits(s, account, req.user, sum(req.gpus.values()), rate, amount, req.at)
+    grants = load_grants(s, account.id)
+    legs = _reserve(grants, account, req, amount)
+    hold = _new_hold(s, account, req.digest, **_hold_fields(req, rate, unit_prices, amount))
+    post(s, account, "hold", req.at, legs, user=req.user, hold_id=hold.id, memo=_hold_memo(req))
+    earmarks = _earmarks(hold.id, legs)
     if earmarks:
-        s.execute(
-            insert(allocations_t),
-            [
-                {"hold_id": hold.id, "grant_id": g, "earmarked_ucredits": a, "drawn_ucredits": 0}
-                for g, a in earmarks
-            ],
-        )
+        s.execute(insert(allocations_t), earmarks)
     save_grants(s, grants)
     return hold
+
+
+def _earmarks(hold_id: int, legs: list[Leg]) -> list[dict[str, int]]:
+    """The hold's allocation rows: what its 'hold' entry moved to the held bucket, per grant."""
+    return [
+        {
+            "hold_id": hold_id,
+            "grant_id": leg.grant_id,
+            "earmarked_ucredits": leg.amount_ucredits,
+            "drawn_ucredits": 0,
+        }
+        for leg in legs
+        if leg.bucket == "held" and leg.grant_id is not None
+    ]
 
 
 # -- charges ----------------------------------------------------------------------------------
@@ -575,6 +669,45 @@ def _apply(
     """Bring a hold's cumulative charge to `target_ucredits` and optionally resolve it."""
     allocations = _load_allocations(s, hold.id)
     grants = _grants_for(s, account, allocations)
+    draft, values, unplaced = _charge(
+        account,
+        hold,
+        grants,
+        allocations,
+        kind=kind,
+        at=at,
+        target_ucredits=target_ucredits,
+        seconds=seconds,
+        new_state=new_state,
+        links_entry_id=links_entry_id,
+        memo=memo,
+    )
+    post_many(s, account, [draft])
+    save_grants(s, grants)
+    _save_allocations(s, hold.id, allocations)
+    s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
+    if unplaced:
+        create_grant(s, account, unplaced, source="refund", at=at, user=hold.user)
+    return dataclasses.replace(hold, **values)
+
+
+def _charge(
+    account: LockedAccount,
+    hold: HoldState,
+    grants: list[GrantState],
+    allocations: dict[int, Allocation],
+    *,
+    kind: str,
+    at: datetime,
+    target_ucredits: int,
+    seconds: int | None,
+    new_state: str | None,
+    links_entry_id: int | None = None,
+    memo: dict[str, Any] | None = None,
+) -> tuple[EntryDraft, dict[str, Any], int]:
+    """The in-memory part of `_apply`: draw or refund the difference on `grants` and
+    `allocations` (marked dirty) and return the entry to post, the hold's new columns,
+    and what a refund could not place (to become a refund grant)."""
     legs: list[Leg] = []
     delta = target_ucredits - hold.charged_ucredits
     unplaced = 0
@@ -584,9 +717,7 @@ def _apply(
         unplaced = _refund(account, hold, grants, allocations, -delta, legs)
     if new_state is not None:
         _release_earmarks(account, grants, allocations, legs)
-    post(
-        s,
-        account,
+    draft = EntryDraft(
         kind,
         at,
         legs,
@@ -604,20 +735,15 @@ def _apply(
             **(memo or {}),
         },
     )
-    save_grants(s, grants)
-    _save_allocations(s, hold.id, allocations)
     values: dict[str, Any] = {
-        "charged_ucredits": target_ucredits,  # the unplaced part returns as a refund grant below
+        "charged_ucredits": target_ucredits,  # the unplaced part returns as a refund grant
         "debt_ucredits": hold.debt_ucredits,
     }
     if seconds is not None:
         values["charged_seconds"] = seconds
     if new_state is not None:
         values.update(state=new_state, resolved_at=at)
-    s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
-    if unplaced:
-        create_grant(s, account, unplaced, source="refund", at=at, user=hold.user)
-    return dataclasses.replace(hold, **values)
+    return draft, values, unplaced
 
 
 def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str, at: datetime | None = None) -> HoldState:
@@ -808,17 +934,18 @@ def settle_hold(
             code="hold_resolved",
             details={"hold_id": hold_id, "state": hold.state},
         )
-    at = at or hold.started_at + timedelta(seconds=elapsed)
-    return _apply(
-        s,
-        account,
-        hold,
-        kind="settle",
-        at=at,
-        target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
-        seconds=elapsed,
-        new_state="settled",
-    )
+    return _apply(s, account, hold, **_settlement(hold, elapsed, at))
+
+
+def _settlement(hold: HoldState, elapsed: int, at: datetime | None) -> dict[str, Any]:
+    """How an active hold settles for `elapsed` seconds: `_apply`'s (and `_charge`'s) arguments."""
+    return {
+        "kind": "settle",
+        "at": at or hold.started_at + timedelta(seconds=elapsed),
+        "target_ucredits": charge_for(hold.rate_ucredits_per_hour, elapsed),
+        "seconds": elapsed,
+        "new_state": "settled",
+    }
 
 
 def record_unreserved_run(

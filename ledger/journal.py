@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ledger.bulk import insert_rows
+from ledger.bulk import insert_rows, update_rows
 from ledger.models import Account, Entry, Grant, Posting, table_of
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
@@ -127,51 +128,69 @@ def post_many(s: Session, account: LockedAccount, drafts: list[EntryDraft]) -> l
     """
     if not drafts:
         return []
+    return post_batch(s, [(account, drafts)])[0]
+
+
+def post_batch(
+    s: Session, batch: Sequence[tuple[LockedAccount, list[EntryDraft]]]
+) -> list[list[PostedEntry]]:
+    """`post_many` for several accounts (each locked by the caller) in the same three
+    statements: the daemon's group commit posts a whole batch of holds or settles at once.
+    Each account's entries are chained in the order given; returns them per batch item."""
     recorded_at = utcnow()
     entry_rows: list[dict[str, Any]] = []
     kept_legs: list[list[Leg]] = []
-    seq, head = account.entry_count, account.head_hash
-    debt_change = 0
-    for draft in drafts:
-        legs = [leg for leg in draft.legs if leg.amount_ucredits != 0]
-        total = sum(leg.amount_ucredits for leg in legs)
-        if total != 0:
-            raise RuntimeError(f"unbalanced {draft.kind} entry for {account.name}: postings sum to {total}")
-        memo_text = json.dumps(draft.memo, sort_keys=True, separators=(",", ":")) if draft.memo else ""
-        seq += 1
-        digest = entry_hash(
-            head,
-            account.id,
-            seq,
-            draft.kind,
-            draft.effective_at,
-            recorded_at,
-            draft.user,
-            draft.hold_id,
-            draft.links_entry_id,
-            memo_text,
-            [(g.account_id, g.grant_id, g.bucket, g.amount_ucredits) for g in legs],
+    chains: dict[int, tuple[LockedAccount, int, str, int]] = {}  # id: (account, seq, head, debt change)
+    for account, drafts in batch:
+        _, seq, head, debt_change = chains.get(
+            account.id, (account, account.entry_count, account.head_hash, 0)
         )
-        entry_rows.append(
-            {
-                "account_id": account.id,
-                "seq": seq,
-                "kind": draft.kind,
-                "effective_at": draft.effective_at,
-                "recorded_at": recorded_at,
-                "user": draft.user,
-                "hold_id": draft.hold_id,
-                "links_entry_id": draft.links_entry_id,
-                "memo": memo_text,
-                "prev_hash": head,
-                "hash": digest,
-            }
-        )
-        kept_legs.append(legs)
-        debt_change -= sum(g.amount_ucredits for g in legs if g.bucket == "debt")
-        head = digest
-    id_by_seq = {row.seq: row.id for row in insert_rows(s, entries_t, entry_rows, returning=("id", "seq"))}
-    entry_ids = [id_by_seq[row["seq"]] for row in entry_rows]
+        for draft in drafts:
+            legs = [leg for leg in draft.legs if leg.amount_ucredits != 0]
+            total = sum(leg.amount_ucredits for leg in legs)
+            if total != 0:
+                raise RuntimeError(
+                    f"unbalanced {draft.kind} entry for {account.name}: postings sum to {total}"
+                )
+            memo_text = json.dumps(draft.memo, sort_keys=True, separators=(",", ":")) if draft.memo else ""
+            seq += 1
+            digest = entry_hash(
+                head,
+                account.id,
+                seq,
+                draft.kind,
+                draft.effective_at,
+                recorded_at,
+                draft.user,
+                draft.hold_id,
+                draft.links_entry_id,
+                memo_text,
+                [(g.account_id, g.grant_id, g.bucket, g.amount_ucredits) for g in legs],
+            )
+            entry_rows.append(
+                {
+                    "account_id": account.id,
+                    "seq": seq,
+                    "kind": draft.kind,
+                    "effective_at": draft.effective_at,
+                    "recorded_at": recorded_at,
+                    "user": draft.user,
+                    "hold_id": draft.hold_id,
+                    "links_entry_id": draft.links_entry_id,
+                    "memo": memo_text,
+                    "prev_hash": head,
+                    "hash": digest,
+                }
+            )
+            kept_legs.append(legs)
+            debt_change -= sum(g.amount_ucredits for g in legs if g.bucket == "debt")
+            head = digest
+        chains[account.id] = (account, seq, head, debt_change)
+    if not entry_rows:
+        return [[] for _ in batch]
+    returned = insert_rows(s, entries_t, entry_rows, returning=("id", "account_id", "seq"))
+    id_by_key = {(row.account_id, row.seq): row.id for row in returned}
+    entry_ids = [id_by_key[(row["account_id"], row["seq"])] for row in entry_rows]
     posting_rows = [
         {
             "entry_id": entry_id,
@@ -184,18 +203,31 @@ def post_many(s: Session, account: LockedAccount, drafts: list[EntryDraft]) -> l
         for g in legs
     ]
     insert_rows(s, postings_t, posting_rows)
-    account.entry_count = seq
-    account.head_hash = head
-    account.debt_ucredits += debt_change
-    s.execute(
-        update(accounts_t)
-        .where(accounts_t.c.id == account.id)
-        .values(entry_count=seq, head_hash=head, debt_ucredits=account.debt_ucredits)
-    )
-    return [
+    heads = []
+    for account, seq, head, debt_change in chains.values():
+        account.entry_count = seq
+        account.head_hash = head
+        account.debt_ucredits += debt_change
+        heads.append(
+            {"id": account.id, "entry_count": seq, "head_hash": head, "debt_ucredits": account.debt_ucredits}
+        )
+    if len(heads) == 1:
+        s.execute(
+            update(accounts_t)
+            .where(accounts_t.c.id == heads[0]["id"])
+            .values(entry_count=seq, head_hash=head, debt_ucredits=account.debt_ucredits)
+        )
+    else:
+        update_rows(s, accounts_t, ("id",), heads)
+    posted = [
         PostedEntry(entry_id, row["seq"], row["effective_at"], legs)
         for entry_id, row, legs in zip(entry_ids, entry_rows, kept_legs, strict=True)
     ]
+    result: list[list[PostedEntry]] = []
+    for _account, drafts in batch:
+        result.append(posted[: len(drafts)])
+        posted = posted[len(drafts) :]
+    return result
 
 
 @dataclass

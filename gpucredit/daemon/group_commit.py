@@ -34,6 +34,9 @@ log = logging.getLogger("gpucredit.daemon")
 Work = Callable[[Session, dict[str, Any]], Any]
 # Locks what a batch will touch, before its first request runs (may do nothing).
 Prepare = Callable[[Session, Sequence["Pending"]], None]
+# Answers what it can of a batch in a few statements: per request (result, None),
+# (None, its own error), or None to leave it to `work`, which runs after it.
+Fast = Callable[[Session, Sequence["Pending"]], Sequence["tuple[Any, BaseException | None] | None"]]
 
 DEFAULT_BATCH_MAX = 64
 
@@ -64,16 +67,22 @@ class GroupCommitter:
         work: dict[str, Work],
         *,
         batch_max: int = DEFAULT_BATCH_MAX,
+        writers: int = 1,
         prepare: Prepare | None = None,
+        fast: Fast | None = None,
     ) -> None:
         if not isinstance(batch_max, int) or isinstance(batch_max, bool) or batch_max < 1:
             raise ValueError(f"daemon.batch_max must be a whole number >= 1, not {batch_max!r}")
+        if not isinstance(writers, int) or isinstance(writers, bool) or not 1 <= writers <= 64:
+            raise ValueError(f"daemon.writers must be a whole number 1..64, not {writers!r}")
+        self.writers = writers
         self.sessions = sessions
         self.work = work
         self.batch_max = batch_max
         self.prepare = prepare
+        self.fast = fast
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
+        self._writer_threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
         # Sizes of the batches written, for metrics and the tests: (batches, requests).
         self.batches = 0
@@ -92,20 +101,25 @@ class GroupCommitter:
         return pending.result
 
     def stop(self) -> None:
-        """Let the writer finish what is queued, then end it."""
+        """Let the writers finish what is queued, then end them."""
         with self._start_lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
+            writers, self._writer_threads = self._writer_threads, []
+        for _ in writers:
             self._queue.put(None)
+        for writer in writers:
             writer.join(30)
 
     def _ensure_writer(self) -> None:
-        if self._writer is not None:
+        if self._writer_threads:
             return
         with self._start_lock:
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_forever, name="group-commit", daemon=True)
-                self._writer.start()
+            if not self._writer_threads:
+                for n in range(self.writers):
+                    writer = threading.Thread(
+                        target=self._write_forever, name=f"group-commit-{n}", daemon=True
+                    )
+                    writer.start()
+                    self._writer_threads.append(writer)
 
     def _write_forever(self) -> None:
         while True:
@@ -133,13 +147,14 @@ class GroupCommitter:
 
     def apply(self, batch: Sequence[Pending]) -> None:
         """One transaction for `batch`; each request answered in its own Pending."""
-        self.batches += 1
-        self.requests += len(batch)
+        with self._start_lock:
+            self.batches += 1
+            self.requests += len(batch)
         try:
             with self.sessions() as s, s.begin():
                 if self.prepare is not None:
                     self.prepare(s, batch)
-                for pending in batch:
+                for pending in self._apply_fast(s, batch):
                     self._apply_one(s, pending)
         except SQLAlchemyError as error:
             log.error(
@@ -150,6 +165,27 @@ class GroupCommitter:
             for pending in batch:
                 pending.result = None
                 pending.error = BatchFailed(str(error))
+
+    def _apply_fast(self, s: Session, batch: Sequence[Pending]) -> list[Pending]:
+        """Run the fast path in a savepoint of its own; return the requests it left.
+        Should it fail, it undoes everything it did and leaves every request."""
+        if self.fast is None:
+            return list(batch)
+        try:
+            with s.begin_nested():
+                answers = self.fast(s, batch)
+        except Exception as error:
+            if isinstance(error, SQLAlchemyError) and not _still_usable(s):
+                raise
+            log.exception("the batched path failed; applying %d requests one at a time", len(batch))
+            return list(batch)
+        left = []
+        for pending, answer in zip(batch, answers, strict=True):
+            if answer is None:
+                left.append(pending)
+            else:
+                pending.result, pending.error = answer
+        return left
 
     def _apply_one(self, s: Session, pending: Pending) -> None:
         try:

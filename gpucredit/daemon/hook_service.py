@@ -7,7 +7,7 @@ Runs inside `gpucredit daemon` (which owns the database), never in a hook proces
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from accounting_bridge.sacct import parse_squeue_json
 from ledger import api
-from ledger.errors import InvalidInput, NotFound
+from ledger.errors import InvalidInput, LedgerError, NotFound
 from ledger.timeutil import parse_time, utcnow
 from slurm_hooks.hooks import HOLD_ADMIN_COMMENT
 from slurm_hooks.scontrol import ScontrolParseError, parse_job
@@ -27,6 +27,12 @@ Runner = Callable[[list[str]], str]
 
 def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[str, Any]:
     """Reserve credit for one run, idempotently on (cluster, job_id, run)."""
+    account, arguments = _hold_arguments(request, grace_seconds)
+    return api.create_hold(s, account, **arguments).as_dict()
+
+
+def _hold_arguments(request: Mapping[str, Any], grace_seconds: int) -> tuple[str, dict[str, Any]]:
+    """The prolog's request as `create_hold`'s account and keyword arguments."""
     seconds = request.get("seconds")
     if seconds is None:
         raise InvalidInput(
@@ -34,9 +40,7 @@ def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[
             code="invalid_duration",
         )
     gpus = {str(k): int(v) for k, v in dict(request.get("gpus") or {}).items()}
-    created = api.create_hold(
-        s,
-        str(request["account"]),
+    return str(request["account"]), dict(
         user=str(request["user"]),
         job_id=int(request["job_id"]),
         gpus=gpus,
@@ -52,7 +56,6 @@ def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[
         grace_seconds=grace_seconds,
         output_path=request.get("stdout") or None,
     )
-    return created.as_dict()
 
 
 def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,13 +71,59 @@ def settle(s: Session, request: Mapping[str, Any]) -> dict[str, Any]:
     found = found or _resolved_attempt(s, cluster, job_id, run, submitted_at)
     if found is None:
         raise NotFound(f"no hold for job {cluster}/{job_id} run {run}", details={"job_id": job_id})
-    # The hold started at Slurm's StartTime of this run (sent by the prolog); the
-    # epilog's own StartTime is unusable after `scontrol requeue` (it then equals
-    # the requeue time), so the hold's start is the one to trust.
-    start = found.started_at
+    return api.settle_hold(s, found.id, *_settle_times(request, found)).as_dict()
+
+
+def _settle_times(request: Mapping[str, Any], found: api.HoldState) -> tuple[int, datetime]:
+    """The run's elapsed seconds and end. The hold started at Slurm's StartTime of this
+    run (sent by the prolog); the epilog's own StartTime is unusable after `scontrol
+    requeue` (it then equals the requeue time), so the hold's start is the one to trust."""
     end = _time(request.get("end")) or utcnow()
-    elapsed = max(0, int((end - start).total_seconds()))
-    return api.settle_hold(s, found.id, elapsed, end).as_dict()
+    return max(0, int((end - found.started_at).total_seconds())), end
+
+
+Answer = tuple[Any, BaseException | None]
+
+
+def apply_batch(
+    s: Session, requests: Sequence[tuple[str, Mapping[str, Any]]], *, grace_seconds: int
+) -> list[Answer | None]:
+    """The group commit's fast path: a batch's settles, then its holds, each set written in a
+    few statements (ledger.hold_batch). Each request gets (result, None), (None, its refusal),
+    or None: `hold` or `settle` answers it alone after this (repeats, limits, odd requests)."""
+    answers: list[Answer | None] = [None] * len(requests)
+    settles: list[tuple[int, tuple[str, int, datetime | None], Mapping[str, Any]]] = []
+    holds: list[tuple[int, tuple[str, dict[str, Any]]]] = []
+    for i, (op, request) in enumerate(requests):
+        try:
+            if op == "settle":
+                attempt = (str(request["cluster"]), int(request["job_id"]), _time(request.get("submit")))
+                settles.append((i, attempt, request))
+            elif op == "hold":
+                holds.append((i, _hold_arguments(request, grace_seconds)))
+        except LedgerError as error:
+            answers[i] = (None, error)
+        except (KeyError, TypeError, ValueError):
+            continue  # the request alone says what is wrong with it
+    found = api.find_active_holds(s, [attempt for _, attempt, _ in settles])
+    due = [
+        (i, hold, request) for (i, _, request), hold in zip(settles, found, strict=True) if hold is not None
+    ]
+    settled = api.settle_holds(s, [(hold.id, *_settle_times(request, hold)) for _, hold, request in due])
+    for (i, _, _), outcome in zip(due, settled, strict=True):
+        answers[i] = _answer(outcome)
+    created = api.create_holds(s, [arguments for _, arguments in holds])
+    for (i, _), outcome in zip(holds, created, strict=True):
+        answers[i] = _answer(outcome)
+    return answers
+
+
+def _answer(outcome: api.HoldState | LedgerError | None) -> Answer | None:
+    if outcome is None:
+        return None
+    if isinstance(outcome, LedgerError):
+        return (None, outcome)
+    return (outcome.as_dict(), None)
 
 
 def _resolved_attempt(

@@ -1,0 +1,252 @@
+"""Group commit in the daemon: requests that arrive together commit as one batch, and each
+client still gets its own answer, over the socket, with the hooks' own client.
+
+A gate holds the writer in its current batch while the next requests queue up, one by
+one in a known order, so the test knows exactly which requests share the next batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from gpucredit.daemon.server import Daemon
+from ledger import api
+from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
+from tests.fakedaemon import sockdir as sockdir
+from tests.test_daemon import running, sinfo_runner
+
+START = "2026-12-02T10:00:00Z"
+
+
+def job(job_id: int, account: str, gpus: dict[str, int], seconds: int = 3600, **extra: Any) -> dict[str, Any]:
+    return {
+        "cluster": "lab",
+        "job_id": job_id,
+        "run": 0,
+        "account": account,
+        "user": "alice",
+        "partition": None,
+        "gpus": gpus,
+        "seconds": seconds,
+        "nodes": 1,
+        "start": START,
+        **extra,
+    }
+
+
+def settle(job_id: int, end: str) -> dict[str, Any]:
+    return {"cluster": "lab", "job_id": job_id, "run": 0, "start": START, "end": end}
+
+
+class Gate:
+    """Stops the writer at the start of its next batch until `release`."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.armed = False
+        prepare = daemon.batches.prepare
+        assert prepare is not None
+
+        def gated(s: Any, batch: Any) -> None:
+            if self.armed:
+                self.armed = False
+                self.entered.set()
+                assert self.opened.wait(30), "the test never opened the gate"
+            prepare(s, batch)
+
+        daemon.batches.prepare = gated
+
+    def close(self) -> None:
+        self.entered.clear()
+        self.opened.clear()
+        self.armed = True
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+class Calls:
+    """Client calls made from threads, each queued before the next one starts."""
+
+    def __init__(self, daemon: Daemon, socket_path: Path) -> None:
+        self.daemon = daemon
+        self.client = DaemonClient(str(socket_path), 60.0)
+        self.threads: list[threading.Thread] = []
+        self.answers: list[Any] = []
+
+    def queue(self, op: str, request: dict[str, Any], gate: Gate | None = None) -> None:
+        """Send one request from a thread; return once it waits in the queue (or, with
+        `gate`, once the writer has taken it and stopped at the gate)."""
+        index = len(self.answers)
+        self.answers.append(None)
+        waiting = self.daemon.batches._queue.qsize()
+
+        def call() -> None:
+            try:
+                self.answers[index] = self.client.call(op, **request)
+            except (DaemonRefused, DaemonUnreachable) as error:
+                self.answers[index] = error
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        self.threads.append(thread)
+        if gate is not None:
+            wait_for(gate.entered.is_set, f"{op} {request} never reached the writer")
+        else:
+            wait_for(lambda: self.daemon.batches._queue.qsize() > waiting, f"{op} {request} never queued")
+
+    def join(self) -> list[Any]:
+        for thread in self.threads:
+            thread.join(60)
+            assert not thread.is_alive()
+        return self.answers
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30  # a bound on a slow machine, not a measurement
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def served(db_url: str, tx, sockdir: Path) -> Iterator[tuple[Daemon, DaemonClient, Gate]]:  # type: ignore[no-untyped-def]
+    with tx() as s:
+        api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+        for account, amount in (("physics", "20"), ("chem", "10"), ("capped", "50")):
+            api.create_account(s, account)
+            api.topup(s, account, amount, effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+        api.set_limits(s, "capped", max_gpus=1)
+    with running(db_url, sockdir, sinfo_runner()) as daemon:
+        daemon.batches.writers = 1  # the gate holds the one writer (they start at the first request)
+        yield daemon, DaemonClient(str(sockdir / "daemon.sock"), 60.0), Gate(daemon)
+
+
+def figures(tx, account: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    with tx() as s:
+        shown = api.balance(s, account)
+    return shown["available"], shown["held"]
+
+
+def test_a_lone_request_is_answered_in_a_batch_of_its_own(served) -> None:
+    daemon, client, _gate = served
+    held = client.call("hold", **job(1, "physics", {"h100": 2}))
+    assert (held["amount"], held["state"]) == ("7.20", "active")
+    assert (daemon.batches.batches, daemon.batches.requests) == (1, 1)
+    assert client.call("settle", **settle(1, "2026-12-02T10:30:00Z"))["charged"] == "3.60"
+    assert (daemon.batches.batches, daemon.batches.requests) == (2, 2)
+
+
+def test_each_request_of_a_batch_gets_its_own_answer(served, tx, sockdir: Path) -> None:
+    daemon, client, gate = served
+    first = client.call("hold", **job(1, "physics", {"h100": 2}))  # 7.20
+    assert client.call("hold", **job(4, "physics", {"h100": 1}))["amount"] == "3.60"
+    assert figures(tx, "physics") == ("9.20", "10.80")
+
+    gate.close()
+    calls = Calls(daemon, sockdir / "daemon.sock")
+    calls.queue("hold", job(90, "chem", {"h100": 1}), gate)  # the writer takes it and stops
+    batches_before = daemon.batches.batches
+    calls.queue("hold", job(2, "physics", {"h100": 1}))  # fits
+    calls.queue("hold", job(3, "physics", {"h100": 2}, seconds=7200))  # 14.40: refused
+    calls.queue("hold", job(1, "physics", {"h100": 2}))  # a repeat: the first answer
+    calls.queue("hold", job(1, "physics", {"h100": 2}, seconds=7200))  # same run, other body
+    calls.queue("settle", settle(4, "2026-12-02T10:30:00Z"))  # 1.80 of its 3.60
+    calls.queue("hold", job(5, "chem", {"h100": 1}))
+    calls.queue("hold", job(6, "capped", {"h100": 2}))  # over the account's 1 GPU
+    calls.queue("hold", job(7, "capped", {"h100": 1}))
+    calls.queue("hold", {k: v for k, v in job(8, "physics", {"h100": 1}).items() if k != "account"})
+    gate.open()
+    lone, fits, short, repeat, conflict, settled, other, over, capped, malformed = calls.join()
+
+    assert daemon.batches.batches == batches_before + 1, "the nine requests did not share one batch"
+    assert lone["amount"] == "3.60"
+    assert (fits["amount"], fits["state"]) == ("3.60", "active")
+    assert isinstance(short, DaemonRefused) and short.code == "insufficient_credits"
+    # The settle in the batch returned 1.80 and job 2 took 3.60 before job 3 asked.
+    assert short.message == (
+        "account physics: this job needs 14.40 credits (h100:2 for 7200 s) but 7.40 are available"
+    )
+    assert (repeat["id"], repeat["amount"], repeat["state"]) == (first["id"], "7.20", "active")
+    assert isinstance(conflict, DaemonRefused) and conflict.code == "idempotency_conflict"
+    assert conflict.message == "job lab/1 run 0 already has a hold for a different request"
+    assert (settled["state"], settled["charged"]) == ("settled", "1.80")
+    assert other["amount"] == "3.60"
+    assert isinstance(over, DaemonRefused) and over.code == "concurrent_gpus"
+    assert (over.details["value"], over.details["cap"]) == (2, 1)
+    assert (capped["amount"], capped["state"]) == ("3.60", "active")
+    assert isinstance(malformed, DaemonRefused) and malformed.code == "bad_request"
+
+    assert figures(tx, "physics") == ("7.40", "10.80")  # 20 - 7.20 - 3.60 held - 1.80 charged
+    assert figures(tx, "chem") == ("2.80", "7.20")
+    assert figures(tx, "capped") == ("46.40", "3.60")
+    with tx() as s:
+        assert api.verify(s).ok
+        assert {h.job_id for h in api.list_holds(s)} == {1, 2, 4, 5, 7, 90}
+    # The refused and conflicting requests left nothing behind: a retry is judged afresh.
+    assert client.call("settle", **settle(2, "2026-12-02T11:00:00Z"))["charged"] == "3.60"
+    assert client.call("hold", **job(3, "physics", {"h100": 1}))["amount"] == "3.60"
+
+
+def test_a_database_failure_under_a_batch_commits_none_of_it(pg_url: str, tx_pg, sockdir: Path) -> None:  # type: ignore[no-untyped-def]
+    """The batch's connection is killed after its holds were written, before COMMIT:
+    nothing of the batch stays, every client gets the retryable `unavailable` (the
+    hooks' DaemonUnreachable), and the retries then succeed."""
+    with tx_pg() as s:
+        api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+        for account in ("physics", "chem"):
+            api.create_account(s, account)
+            api.topup(s, account, "20", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+    with running(pg_url, sockdir, sinfo_runner()) as daemon:
+        daemon.batches.writers = 1
+        gate = Gate(daemon)
+        fast = daemon.batches.fast
+        assert fast is not None
+        killed: list[int] = []
+
+        def fast_then_killed(s: Any, batch: Any) -> Any:
+            answers = fast(s, batch)
+            if len(batch) > 1 and not killed:
+                pid = s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+                with daemon.engine.connect() as other:
+                    other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                killed.append(pid)
+            return answers
+
+        daemon.batches.fast = fast_then_killed
+        gate.close()
+        calls = Calls(daemon, sockdir / "daemon.sock")
+        calls.queue("hold", job(90, "chem", {"h100": 1}), gate)
+        requests = [
+            job(10, "physics", {"h100": 2}),
+            job(11, "chem", {"h100": 1}),
+            job(12, "physics", {"h100": 1}),
+        ]
+        for request in requests:
+            calls.queue("hold", request)
+        gate.open()
+        answers = calls.join()
+        assert killed, "the batch's connection was never killed"
+        assert answers[0]["amount"] == "3.60"
+        for answer in answers[1:]:
+            assert isinstance(answer, DaemonUnreachable)
+            assert str(answer).endswith("unavailable: the ledger database is unavailable")
+        with tx_pg() as s:
+            assert [h.job_id for h in api.list_holds(s)] == [90]
+            assert api.balance(s, "physics")["available"] == "20.00"
+            assert api.verify(s).ok
+        client = DaemonClient(str(sockdir / "daemon.sock"), 60.0)
+        assert [client.call("hold", **request)["amount"] for request in requests] == ["7.20", "3.60", "3.60"]
+    with tx_pg() as s:
+        assert api.balance(s, "physics")["available"] == "9.20"
+        assert api.balance(s, "chem")["available"] == "12.80"
