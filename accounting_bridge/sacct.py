@@ -66,6 +66,7 @@ from slurmtext import (
 __all__ = [
     "ALLOCATED_STATES",
     "SACCT_FIELDS",
+    "SQUEUE_COMPACT_FIELDS",
     "TERMINAL_STATES",
     "ParseError",
     "ParseResult",
@@ -74,7 +75,6 @@ __all__ = [
     "SqueueResult",
     "parse_json",
     "parse_parsable2",
-    "SQUEUE_COMPACT_FIELDS",
     "parse_squeue_compact",
     "parse_squeue_json",
     "sacct_argv",
@@ -933,64 +933,86 @@ def parse_squeue_compact(text: str, *, cluster: str, tz: tzinfo | None = None) -
 
     The jobs carry no GPUs, nodes or limits (the meter needs none); `cluster` names
     jobs whose Cluster field is empty. Times are local (`tz` as in parse_parsable2).
+    Read every tick, so values that repeat (times, states) are read once per call.
     """
     result = SqueueResult()
     count = len(SQUEUE_COMPACT_FIELDS)
-    times: dict[str, datetime | None] = {}
+    cache: dict[str, Any] = {}
     for line_no, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line:
             continue
-        parts = [p.strip() for p in line.split("|")]
+        parts = line.split("|")
         try:
-            if len(parts) != count + 1 or parts[-1] != "":
+            if len(parts) != count + 1 or parts[-1].strip() != "":
                 raise SlurmTextError(f"expected {count} '|'-ended fields ({','.join(SQUEUE_COMPACT_FIELDS)})")
-            result.jobs.append(_compact_job(parts, line_no, cluster, tz, times))
+            if " " in line:  # padded fields (a squeue that pads): strip each
+                parts = [p.strip() for p in parts]
+            result.jobs.append(_compact_job(parts, line_no, cluster, tz, cache))
         except SlurmTextError as exc:
-            job_id = parts[0] if parts[0].isascii() and parts[0].isdigit() else None
-            result.errors.append(ParseError(line_no, _clip(line), str(exc), int(job_id) if job_id else None))
+            job_id = parts[0].strip()
+            known = job_id if job_id.isascii() and job_id.isdigit() else None
+            result.errors.append(ParseError(line_no, _clip(line), str(exc), int(known) if known else None))
     return result
 
 
+def _opt_id(text: str, what: str) -> int | None:
+    return None if text in _NO_ID else _parse_int(text, what)
+
+
+_PLAIN_IDS: dict[str, int | None] = {
+    "array_job_id": None,
+    "array_task_id": None,
+    "het_job_id": None,
+    "het_offset": None,
+}
+
+
 def _compact_job(
-    parts: list[str], line_no: int, cluster: str, tz: tzinfo | None, times: dict[str, datetime | None]
+    parts: list[str], line_no: int, cluster: str, tz: tzinfo | None, cache: dict[str, Any]
 ) -> SqueueJob:
     job_id_text, array_job, array_task, het_job, het_offset, restarts, state_text = parts[:7]
     submit_text, start_text, user, account, job_cluster = parts[7:12]
-    job_id = _parse_int(job_id_text, "JobID")
-
-    def opt_id(text: str, what: str) -> int | None:
-        return None if text in _NO_ID else _parse_int(text, what)
-
-    array_job_id = opt_id(array_job, "ArrayJobID") or None
-    het_job_id = opt_id(het_job, "HetJobID") or None
-    ids: dict[str, int | None] = {
-        "array_job_id": array_job_id,
-        "array_task_id": opt_id(array_task, "ArrayTaskID") if array_job_id is not None else None,
-        "het_job_id": het_job_id,
-        "het_offset": opt_id(het_offset, "HetJobOffset") if het_job_id is not None else None,
-    }
-    if array_job_id is not None and ids["array_task_id"] is None:
-        array_job_id = ids["array_job_id"] = None  # a job that is not an array task
-    if het_job_id is not None and ids["het_offset"] is None:
-        raise SlurmTextError(f"het job {het_job_id} without HetJobOffset")
-    state, _ = _parse_state(state_text)
-    stamps = []
-    for text in (submit_text, start_text):
-        if text not in times:
-            times[text] = parse_time(text, tz)
-        stamps.append(times[text])
-    return SqueueJob(
+    if not (job_id_text.isascii() and job_id_text.isdigit()):
+        raise SlurmTextError(f"bad JobID {job_id_text!r} (want a non-negative integer)")
+    job_id = int(job_id_text)
+    ids = _PLAIN_IDS
+    if array_job not in _NO_ID or het_job not in _NO_ID:
+        array_job_id = _opt_id(array_job, "ArrayJobID") or None
+        het_job_id = _opt_id(het_job, "HetJobID") or None
+        array_task_id = _opt_id(array_task, "ArrayTaskID") if array_job_id is not None else None
+        het_offset_id = _opt_id(het_offset, "HetJobOffset") if het_job_id is not None else None
+        if het_job_id is not None and het_offset_id is None:
+            raise SlurmTextError(f"het job {het_job_id} without HetJobOffset")
+        ids = {
+            "array_job_id": array_job_id if array_task_id is not None else None,  # else not a task
+            "array_task_id": array_task_id,
+            "het_job_id": het_job_id,
+            "het_offset": het_offset_id,
+        }
+    values = cache.get(state_text)
+    if values is None:
+        values = cache[state_text] = _parse_state(state_text)[0]
+    state = values
+    submit = cache.get(submit_text, cache)
+    if submit is cache:
+        submit = cache[submit_text] = parse_time(submit_text, tz)
+    start = cache.get(start_text, cache)
+    if start is cache:
+        start = cache[start_text] = parse_time(start_text, tz)
+    job: SqueueJob = _new_object(SqueueJob)
+    job.__dict__.update(  # every field, without the frozen dataclass's slow __init__
+        ids,
         cluster=job_cluster if job_cluster not in _NO_ID else cluster,
         job_id=job_id,
-        display_id=_json_display_id(job_id, ids, None),
+        display_id=job_id_text if ids is _PLAIN_IDS else _json_display_id(job_id, ids, None),
         run=_parse_int(restarts, "RestartCnt"),
         user=user,
         account=account,
         partition="",
         state=state,
-        submit=stamps[0],
-        start=stamps[1],
+        submit=submit,
+        start=start,
         end=None,
         time_limit_seconds=None,
         gpus={},
@@ -999,6 +1021,7 @@ def _compact_job(
         node_count=0,
         name="",
         gpu_indices={},
+        admin_comment="",
         line_no=line_no,
-        **ids,
     )
+    return job

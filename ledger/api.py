@@ -34,6 +34,7 @@ from ledger.accounts import (
     lock_account_by_id,
     show_limits,
 )
+from ledger.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
 from ledger.adjustments import Adjustment, adjust_holds
 from ledger.balance import account_summary, balance
 from ledger.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
@@ -85,7 +86,8 @@ from ledger.identity import (
     set_portal_user,
 )
 from ledger.journal import REVENUE, Leg, LockedAccount, entries_page, entries_t, post, verify
-from ledger.limits import CapOverrun, daily_cap_overruns
+from ledger.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
+from ledger.limits import CapOverrun, capped_accounts, daily_cap_overruns
 from ledger.models import UNKNOWN_SUBMIT
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.payments import (
@@ -114,9 +116,11 @@ from ledger.timeutil import format_time, parse_seconds, utcnow
 from ledger.totals import AccountTotals, account_totals, last_usage_charge_at, memberships
 
 __all__ = [
+    "ACCRUES_NOW",
     "UNKNOWN_SUBMIT",
     "AccountEnforcement",
     "AccountTotals",
+    "Accrual",
     "ActiveRun",
     "Adjustment",
     "Block",
@@ -134,6 +138,7 @@ __all__ = [
     "OutageConfig",
     "PartitionOption",
     "PriceTable",
+    "Renewal",
     "Route",
     "RoutingConfig",
     "RunningTotals",
@@ -144,6 +149,7 @@ __all__ = [
     "account_names",
     "account_summary",
     "account_totals",
+    "accruals",
     "add_gpu_usage",
     "add_member",
     "adjust",
@@ -153,10 +159,12 @@ __all__ = [
     "balance",
     "cancel_payment",
     "candidate_partitions",
+    "capped_accounts",
     "charge_entries",
     "charge_for",
     "charge_usage",
     "consume",
+    "cost_so_far",
     "create_account",
     "create_hold",
     "create_holds",
@@ -186,6 +194,8 @@ __all__ = [
     "job_record",
     "journal_entries",
     "last_usage_charge_at",
+    "lease_needs_renewal",
+    "lease_overspend_bound",
     "list_active_runs",
     "list_holds",
     "list_payments",
@@ -208,11 +218,14 @@ __all__ = [
     "record_unreserved_run",
     "release",
     "release_hold",
+    "renew_leases",
     "reserve",
     "revoke_token",
     "roles_of",
     "route",
     "running_totals",
+    "seconds_run",
+    "set_accrual",
     "set_external_id",
     "set_limits",
     "set_portal_user",

@@ -14,8 +14,9 @@ Blocks, the decision table (an account or member with a block may start no GPU j
     member   member's daily cap set, their spend today >= cap     daily_cap   the next UTC day
 
 "Spent today" is what `limits` calls it: charges net of refunds effective on `at`'s UTC
-day. Holds are not counted: a running job's hold may still return credit, and a block
-that followed holds would switch on and off as jobs start. Reaching the cap (not only
+day, running jobs' cost so far included (`ledger.accrual`). Holds are not counted: a
+running job's hold may still return credit, and a block that followed holds would
+switch on and off as jobs start. Reaching the cap (not only
 passing it) blocks, because reserve admits a hold only while spent + held + new <= cap,
 so at the cap no GPU job can start anyway. A cap of 0 blocks all day.
 
@@ -34,6 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_t, members_t
+from ledger.accrual import accrued_between
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.money import format_credits
 from ledger.timeutil import day_bounds, format_time
@@ -164,4 +166,7 @@ def _spent_on_day(
         )
         .group_by(entries_t.c.account_id, entries_t.c.user)
     )
-    return {(account_id, user): int(total) for account_id, user, total in s.execute(query)}
+    spent = {(account_id, user): int(total) for account_id, user, total in s.execute(query)}
+    for key, amount in accrued_between(s, start, end, at, account_ids=account_ids).items():
+        spent[key] = spent.get(key, 0) + amount
+    return spent

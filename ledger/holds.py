@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select, update
@@ -85,6 +85,8 @@ class HoldState:
     expires_at: datetime
     resolved_at: datetime | None
     output_path: str | None = None
+    lease_seconds: int | None = None  # lease mode's window; None: a full hold
+    accrues_to_seconds: int | None = None  # how far cost so far is read (ledger.accrual)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -221,6 +223,15 @@ class ActiveRun(NamedTuple):
     charged_seconds: int
     expires_at: datetime
     submitted_at: datetime  # UNKNOWN_SUBMIT when the hold's caller had none
+    # What the meter needs to tell which holds need a posted charge (the rest accrue on read).
+    user: str = ""
+    rate_ucredits_per_hour: int = 0
+    limit_seconds: int = 0
+    amount_ucredits: int = 0
+    charged_ucredits: int = 0
+    started_at: datetime | None = None
+    lease_seconds: int | None = None
+    accrues_to_seconds: int | None = None
 
 
 def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
@@ -235,13 +246,44 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
             holds_t.c.charged_seconds,
             holds_t.c.expires_at,
             holds_t.c.submitted_at,
+            holds_t.c.user,
+            holds_t.c.rate_ucredits_per_hour,
+            holds_t.c.limit_seconds,
+            holds_t.c.amount_ucredits,
+            holds_t.c.charged_ucredits,
+            holds_t.c.started_at,
+            holds_t.c.lease_seconds,
+            holds_t.c.accrues_to_seconds,
         )
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
         .where(holds_t.c.state == "active")
         .order_by(holds_t.c.id)
         .limit(limit)
     )
-    return [ActiveRun(*row) for row in s.execute(query)]
+    # The driver's own tuples: SQLAlchemy's per-row result processing was half of a
+    # 20,000-hold read. Both stores keep naive UTC (SQLite as text); each distinct
+    # timestamp is converted once.
+    result = s.connection().execute(query)
+    try:
+        rows = result.cursor.fetchall()
+    finally:
+        result.close()
+    times: dict[Any, datetime] = {}
+
+    def aware(value: Any) -> Any:
+        if value is None:
+            return None
+        found = times.get(value)
+        if found is None:
+            naive = datetime.fromisoformat(value) if isinstance(value, str) else value
+            found = times[value] = (
+                naive.replace(tzinfo=UTC) if naive.tzinfo is None else naive.astimezone(UTC)
+            )
+        return found
+
+    return [
+        ActiveRun._make((*r[:6], aware(r[6]), aware(r[7]), *r[8:13], aware(r[13]), *r[14:])) for r in rows
+    ]
 
 
 def lock_batch(s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]) -> None:
@@ -349,6 +391,12 @@ class _HoldRequest:
     submitted_at: datetime
     output_path: str | None
     digest: str
+    lease_seconds: int | None = None  # lease mode's window (see lease_window); None: a full hold
+
+    @property
+    def held_seconds(self) -> int:
+        """The seconds the hold pays for: its lease window, or the whole time limit."""
+        return self.seconds if self.lease_seconds is None else self.lease_seconds
 
 
 def _hold_request(
@@ -366,6 +414,7 @@ def _hold_request(
     started_at: datetime | None = None,
     submitted_at: datetime | None = None,
     output_path: str | None = None,
+    lease_seconds: int | None = None,
 ) -> _HoldRequest:
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
@@ -393,7 +442,20 @@ def _hold_request(
         _submit_time(submitted_at),
         output_path,
         request_hash("hold", body),
+        lease_window(seconds, lease_seconds),
     )
+
+
+def lease_window(limit_seconds: int, lease_seconds: int | None) -> int | None:
+    """The lease window a new hold records (ledger.leases): None, a full hold, when no
+    lease is asked for or the window would cover the whole time limit anyway."""
+    if lease_seconds is None:
+        return None
+    if not isinstance(lease_seconds, int) or isinstance(lease_seconds, bool) or lease_seconds < 1:
+        raise InvalidInput(
+            f"lease_seconds must be a whole number >= 1, got {lease_seconds!r}", code="invalid_lease"
+        )
+    return lease_seconds if lease_seconds < limit_seconds else None
 
 
 def _reserve(grants: list[GrantState], account: LockedAccount, req: _HoldRequest, amount: int) -> list[Leg]:
@@ -417,7 +479,7 @@ def _reserve(grants: list[GrantState], account: LockedAccount, req: _HoldRequest
 
 def _hold_amount(req: _HoldRequest, rate: int) -> int:
     """What a new hold reserves at `rate` per hour."""
-    return charge_for(rate, req.seconds)
+    return charge_for(rate, req.held_seconds)
 
 
 def _hold_fields(req: _HoldRequest, rate: int, unit_prices: dict[str, int], amount: int) -> dict[str, Any]:
@@ -439,6 +501,7 @@ def _hold_fields(req: _HoldRequest, rate: int, unit_prices: dict[str, int], amou
         "started_at": started_at,
         "expires_at": started_at + timedelta(seconds=req.seconds + req.grace_seconds),
         "output_path": req.output_path,
+        "lease_seconds": req.lease_seconds,
     }
 
 
@@ -466,6 +529,7 @@ def create_hold(
     started_at: datetime | None = None,
     submitted_at: datetime | None = None,
     output_path: str | None = None,
+    lease_seconds: int | None = None,
 ) -> HoldState:
     """Reserve credit for one run at effective time `at` (grants active then).
 
@@ -474,6 +538,8 @@ def create_hold(
     top-up made a moment before submission: the credit check uses `at`, not it.
     `submitted_at` is Slurm's SubmitTime of this attempt (see the module docstring).
     The same rules serve many requests at once in `ledger.hold_batch.create_holds`.
+    With `lease_seconds` (holds.mode = "lease") the hold covers that window of the time
+    limit, and the meter renews it (`ledger.leases`).
     """
     req = _hold_request(
         account_name,
@@ -489,6 +555,7 @@ def create_hold(
         started_at=started_at,
         submitted_at=submitted_at,
         output_path=output_path,
+        lease_seconds=lease_seconds,
     )
     account = lock_account(s, account_name)
     existing = _same_run(s, req.cluster, req.job_id, req.run, req.submitted_at, req.digest)

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from ledger.accounts import Limits, limits_of, limits_t
 from ledger.errors import LimitExceeded
-from ledger.journal import REVENUE, LockedAccount, entries_t, postings_t
+from ledger.journal import REVENUE, LockedAccount, accounts_t, entries_t, postings_t
 from ledger.models import Hold, table_of
 from ledger.money import format_credits, format_rate
 from ledger.timeutil import day_bounds
@@ -164,7 +164,8 @@ def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: da
 
     Reserve checks spent + held + new <= cap, and a provisional charge only moves credit
     from held to spent, so in full mode a cap is crossed only by a run past its hold or
-    by a charge the bridge adds; in lease mode this is what refuses a renewal. One query
+    by a charge the bridge adds; in lease mode this is what refuses a renewal. Spent
+    counts running jobs' cost so far (`ledger.accrual`), posted or not. One query
     finds the caps; today's spend is summed only for scopes that have one.
     """
     wanted = set(users)
@@ -177,7 +178,27 @@ def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: da
     for user, cap in sorted(caps, key=lambda row: (row.user is not None, row.user or "")):
         if user is not None and user not in wanted:
             continue
-        spent = spent_on_day(s, account_id, user, at)
+        spent = spent_on_day(s, account_id, user, at) + _running_today(s, account_id, user, at)
         if spent > cap:
             overruns.append(CapOverrun("user" if user else "account", user, spent, cap))
     return overruns
+
+
+def _running_today(s: Session, account_id: int, user: str | None, at: datetime) -> int:
+    """Running jobs' unposted cost that took effect on `at`'s UTC day, up to `at`."""
+    from ledger.accrual import accrued_between  # accrual reads holds, which import this module
+
+    start, end = day_bounds(at)
+    running = accrued_between(s, start, end, at, account_ids=[account_id])
+    return sum(amount for (_, owner), amount in running.items() if user is None or owner == user)
+
+
+def capped_accounts(s: Session) -> dict[str, int]:
+    """Accounts with a daily cap of their own or on a member (name -> id): the ones whose
+    running jobs the meter checks against their caps."""
+    query = (
+        select(accounts_t.c.name, accounts_t.c.id)
+        .join(limits_t, limits_t.c.account_id == accounts_t.c.id)
+        .where(limits_t.c.daily_cap_ucredits.is_not(None))
+    )
+    return {name: account_id for name, account_id in s.execute(query)}

@@ -226,6 +226,13 @@ class Hold(Base):
     request_hash: Mapped[str] = mapped_column(String(64))
     # The run's output file as Slurm names it (StdOut): the portal shows its owner the tail.
     output_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    # The lease window when the hold was taken in lease mode (it covers rate x window and
+    # the meter renews it); NULL for a full hold (rate x time limit). Migration 0007.
+    lease_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How far the run's cost so far is read beyond its posted charge (ledger.accrual): NULL,
+    # not at all (the meter has not seen it run); ACCRUES_NOW (2**31 - 1), to now (the meter
+    # sees it running); else the seconds at which the meter last saw it run. Migration 0007.
+    accrues_to_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class HoldAllocation(Base):

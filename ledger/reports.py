@@ -1,4 +1,10 @@
-"""Usage reports: charges grouped by day, GPU type, user, partition or account."""
+"""Usage reports: charges grouped by day, GPU type, user, partition or account.
+
+Posted charges come from the journal; running jobs add what they have cost since
+their last posted charge, on read (`ledger.accrual`), split at the report's day and
+range boundaries by the same rule, so a report reads the same whether the meter
+posted a running job's time or not.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ledger.accrual import accruals
 from ledger.errors import InvalidInput
 from ledger.holds import holds_t
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.money import format_credits
 from ledger.prices import parse_pairs
+from ledger.timeutil import utcnow
 
 GROUPS = ("day", "gres", "user", "partition", "account")
 
@@ -40,7 +48,9 @@ def usage_report(
     start: datetime | None = None,
     end: datetime | None = None,
     by: str = "day",
+    at: datetime | None = None,
 ) -> list[dict[str, Any]]:
+    """Charges effective in [start, end), grouped; running jobs count up to `at` (now)."""
     if by not in GROUPS:
         raise InvalidInput(f"cannot group by {by!r}; choose one of {', '.join(GROUPS)}", code="invalid_group")
     query = (
@@ -83,6 +93,7 @@ def usage_report(
             continue
         key = _group_key(row, by)
         _add(groups, key, row.amount_ucredits, sum(gpus.values()) * delta_seconds, row.hold_id)
+    _add_running(s, groups, by, account=account, user=user, start=start, end=end, at=at or utcnow())
     return [
         {
             by: key,
@@ -92,6 +103,44 @@ def usage_report(
         }
         for key, g in sorted(groups.items())
     ]
+
+
+def _add_running(
+    s: Session,
+    groups: dict[str, dict[str, Any]],
+    by: str,
+    *,
+    account: str | None,
+    user: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    at: datetime,
+) -> None:
+    """Add running jobs' unposted cost, piece by piece, as posted charges are added."""
+    cuts = [t for t in (start, end) if t is not None]
+    for accrual in accruals(s, at, user=user):
+        if account is not None and accrual.account != account:
+            continue
+        gpus = parse_pairs(accrual.gpus) if accrual.gpus else {}
+        for piece in accrual.pieces(cuts):
+            if (start is not None and piece.effective_at < start) or (
+                end is not None and piece.effective_at >= end
+            ):
+                continue
+            if by == "gres":
+                prices = parse_pairs(accrual.unit_prices) if accrual.unit_prices else {}
+                weights = {g: n * prices.get(g, 0) for g, n in gpus.items()}
+                shares = split_by_weights(piece.ucredits, weights) if gpus else {"-": piece.ucredits}
+                for gres, amount in shares.items():
+                    _add(groups, gres, amount, gpus.get(gres, 0) * piece.seconds, accrual.hold_id)
+                continue
+            key = {
+                "day": piece.effective_at.strftime("%Y-%m-%d"),
+                "user": accrual.user,
+                "partition": accrual.partition or "-",
+                "account": accrual.account,
+            }[by]
+            _add(groups, key, piece.ucredits, accrual.gpu_count * piece.seconds, accrual.hold_id)
 
 
 def _group_key(row: Any, by: str) -> str:

@@ -30,9 +30,9 @@ def elapsed_seconds(hold: api.HoldState, now: datetime) -> int:
 
 
 def cost_so_far(hold: api.HoldState, now: datetime) -> int:
-    """What the run has cost by `now`: the charge for its elapsed seconds, or what the
-    meter already charged when that is more."""
-    return max(hold.charged_ucredits, api.charge_for(hold.rate_ucredits_per_hour, elapsed_seconds(hold, now)))
+    """What the run has cost by `now`: the charge for its elapsed seconds (up to where the
+    meter last saw it running), or what was already posted when that is more."""
+    return api.cost_so_far(hold, now)
 
 
 def slurm_duration(seconds: int) -> str:
