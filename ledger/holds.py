@@ -268,11 +268,24 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
         rows = result.cursor.fetchall()
     finally:
         result.close()
+    make = ActiveRun._make
+    if rows and isinstance(rows[0][6], datetime) and rows[0][6].tzinfo is None:  # PostgreSQL
+        return [
+            make(
+                (
+                    *r[:6],
+                    r[6].replace(tzinfo=UTC),
+                    r[7].replace(tzinfo=UTC),
+                    *r[8:13],
+                    r[13].replace(tzinfo=UTC),
+                    *r[14:],
+                )
+            )
+            for r in rows
+        ]
     times: dict[Any, datetime] = {}
 
     def aware(value: Any) -> Any:
-        if value is None:
-            return None
         found = times.get(value)
         if found is None:
             naive = datetime.fromisoformat(value) if isinstance(value, str) else value
@@ -281,14 +294,15 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
             )
         return found
 
-    return [
-        ActiveRun._make((*r[:6], aware(r[6]), aware(r[7]), *r[8:13], aware(r[13]), *r[14:])) for r in rows
-    ]
+    return [make((*r[:6], aware(r[6]), aware(r[7]), *r[8:13], aware(r[13]), *r[14:])) for r in rows]
 
 
-def lock_batch(s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]) -> None:
+def lock_batch(
+    s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]
+) -> dict[int, LockedAccount]:
     """Lock, in id order, the accounts a batch will touch: those named by its holds and
-    those of the holds of its settles' `(cluster, job_id)` (the daemon's group commit)."""
+    those of the holds of its settles' `(cluster, job_id)` (the daemon's group commit).
+    Returns them by id: `create_holds` and `settle_holds` take them as `locked`."""
     owners: set[int] = set()
     if jobs:
         # Read first, then lock by id: a subquery under FOR UPDATE gets a nested-loop plan
@@ -298,7 +312,7 @@ def lock_batch(s: Session, accounts: Collection[str], jobs: Collection[tuple[str
             holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs}))
         )
         owners = {account_id for cluster, job_id, account_id in s.execute(query) if (cluster, job_id) in jobs}
-    lock_accounts(s, accounts, owners or None)
+    return lock_accounts(s, accounts, owners or None)
 
 
 def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
