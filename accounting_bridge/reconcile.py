@@ -56,7 +56,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -436,25 +436,16 @@ def _gpu_counts(text: str) -> Mapping[str, int]:
     return MappingProxyType(jobruns.parse_pairs(text))
 
 
-_UNKNOWN_SUBMIT_STORED = jobrun_records.naive_utc(UNKNOWN_SUBMIT)
+_Records = Mapping[jobrun_records.StoredKey, jobrun_records.StoredRecord]
 
 
-def _unchanged(
-    run: SacctRun, records: Mapping[jobrun_records.StoredKey, jobrun_records.StoredRecord]
-) -> bool:
+def _unchanged(run: SacctRun, records: _Records) -> bool:
     """Reconciled before from the same Slurm record (and not left failed).
 
     Only a row stored under the attempt's own submit time counts: a row written before
     attempts had one is adopted, so written again.
     """
-    submit = run.submit
-    if submit is None:
-        stored_submit = _UNKNOWN_SUBMIT_STORED
-    elif submit.tzinfo is UTC:
-        stored_submit = submit.replace(tzinfo=None)
-    else:
-        stored_submit = jobrun_records.naive_utc(submit)
-    found = records.get((run.cluster, run.job_id, run.run, stored_submit))
+    found = records.get((run.cluster, run.job_id, run.run, (run.submit or UNKNOWN_SUBMIT).timestamp()))
     return (
         found is not None
         and found[0] == run.state
@@ -709,17 +700,18 @@ def _reconcile_all(
     summary.counts["seen"] += seen
     with session_factory() as s:
         concurrent = s.get_bind().dialect.name == "postgresql"  # SQLite has one writer at a time
+    batches: list[dict[tuple[str, int], list[SacctRun]]] = []
+    size = batch_runs
+    for key in sorted(jobs):  # in job order: each batch reads few id ranges
+        if size >= batch_runs:
+            batches.append({})
+            size = 0
+        batches[-1][key] = jobs[key]
+        size += len(jobs[key])
     with _Background(concurrent) as background:
-        batch: dict[tuple[str, int], list[SacctRun]] = {}
-        size = 0
-        for key in sorted(jobs):  # in job order: each batch reads few id ranges
-            batch[key] = jobs[key]
-            size += len(batch[key])
-            if size >= batch_runs:
-                _reconcile_batch(session_factory, batch, policy, force, now, summary, background)
-                batch, size = {}, 0
-        if batch:
-            _reconcile_batch(session_factory, batch, policy, force, now, summary, background)
+        stored = background.stored_records(session_factory, batches, force)
+        for batch, records in zip(batches, stored, strict=True):
+            _reconcile_batch(session_factory, batch, records, policy, now, summary, background)
         for outcome in background.outcomes():
             summary.add(outcome)
     return summary
@@ -740,11 +732,37 @@ class _Background:
     """
 
     def __init__(self, concurrent: bool) -> None:
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="bridge-read") if concurrent else None
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="bridge-write") if concurrent else None
         self.money = (
             ThreadPoolExecutor(MONEY_WORKERS, thread_name_prefix="bridge-money") if concurrent else None
         )
         self.pending: list[Future[list[RunOutcome]]] = []
+
+    def stored_records(
+        self,
+        session_factory: SessionFactory,
+        batches: Sequence[Mapping[tuple[str, int], object]],
+        force: bool,
+    ) -> Iterator[_Records | None]:
+        """Each batch's stored records (None with `force`: every run is re-planned), the next
+        batch's read under way while the caller works on this one."""
+        if force:
+            yield from (None for _ in batches)
+            return
+
+        def read(batch: Mapping[tuple[str, int], object]) -> _Records:
+            with session_factory() as s, s.begin():
+                return jobrun_records.stored_records(s, batch.keys())
+
+        if self.reader is None:
+            yield from (read(batch) for batch in batches)
+            return
+        reads = [self.reader.submit(read, batches[0])] if batches else []
+        for position in range(len(batches)):
+            if position + 1 < len(batches):
+                reads.append(self.reader.submit(read, batches[position + 1]))
+            yield reads[position].result()
 
     def write(self, task: _Task) -> None:
         self._submit(self.writer, task)
@@ -768,7 +786,7 @@ class _Background:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for pool in (self.writer, self.money):
+        for pool in (self.reader, self.writer, self.money):
             if pool is not None:
                 pool.shutdown(wait=True)
 
@@ -776,32 +794,36 @@ class _Background:
 def _reconcile_batch(
     session_factory: SessionFactory,
     jobs: Mapping[tuple[str, int], list[SacctRun]],
+    records: _Records | None,
     policy: Policy,
-    force: bool,
     now: datetime,
     summary: Summary,
     background: _Background,
 ) -> None:
-    """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`."""
+    """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`.
+
+    `records` are the batch's stored records (one compact range read tells the unchanged
+    runs apart: most, on a re-read window); None re-plans every run (`force`).
+    """
+    changed: dict[tuple[str, int], list[SacctRun]] = {}
+    if records is None:
+        changed.update(jobs)
+    else:
+        unchanged = 0
+        for key, job_runs in jobs.items():
+            for run in job_runs:
+                if _unchanged(run, records):
+                    unchanged += 1
+                else:
+                    changed.setdefault(key, []).append(run)
+        summary.counts["unchanged"] += unchanged
+    if not changed:
+        return
+    # Only jobs with a changed run need their stored rows and holds.
     with session_factory() as s, s.begin():
-        changed: dict[tuple[str, int], list[SacctRun]] = {}
-        if force:
-            changed.update(jobs)
-        else:
-            # One compact range read tells the unchanged runs apart (most, on a re-read window).
-            records = jobrun_records.stored_records(s, jobs.keys())
-            unchanged = 0
-            for key, job_runs in jobs.items():
-                for run in job_runs:
-                    if _unchanged(run, records):
-                        unchanged += 1
-                    else:
-                        changed.setdefault(key, []).append(run)
-            summary.counts["unchanged"] += unchanged
-        # Only jobs with a changed run need their stored rows and holds.
-        job_rows = _StoredRuns(jobruns.load_job_runs(s, changed.keys()) if changed else {})
-        holds_by_job = jobruns.load_hold_views(s, changed.keys()) if changed else {}
-        prices = api.load_price_table(s) if changed else None
+        job_rows = _StoredRuns(jobruns.load_job_runs(s, changed.keys()))
+        holds_by_job = jobruns.load_hold_views(s, changed.keys())
+        prices = api.load_price_table(s)
     inserts: list[JobRunRow] = []
     updates: list[JobRunRow] = []
     adopted: list[AttemptKey] = []
@@ -823,7 +845,6 @@ def _reconcile_batch(
                 continue
             own_row = job_rows.of(run)
             start = run.start
-            assert prices is not None
 
             def price_of(gpu_type: str, run: SacctRun = run, start: datetime | None = start) -> int | None:
                 return None if start is None else prices.price_at(gpu_type, run.partition or None, start)
