@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
         "slurm_refresh_seconds": 60.0,  # how often the daemon re-reads partitions (sinfo)
         # Holds and settles are committed in batches of at most this many (group commit).
         "batch_max": 64,
-        "writers": 4,  # batches written at once on PostgreSQL (each its own connection); SQLite: 1
+        "writers": 1,  # batches written at once on PostgreSQL (each its own connection); SQLite: 1
     },
     "policy": {
         "on_ledger_unreachable": "reject",

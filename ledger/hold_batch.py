@@ -58,8 +58,18 @@ Outcome = HoldState | LedgerError | None
 __all__ = ["Outcome", "create_holds", "find_active_holds", "settle_holds"]
 
 
-def create_holds(s: Session, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[Outcome]:
-    """`create_hold(s, account, **arguments)` for each (account, arguments), at once."""
+def create_holds(
+    s: Session,
+    requests: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    locked: dict[int, LockedAccount] | None = None,
+) -> list[Outcome]:
+    """`create_hold(s, account, **arguments)` for each (account, arguments), at once.
+
+    `locked`: accounts this transaction has already locked (`lock_batch`), by id; when it
+    holds every account named, they are not read and locked again. Entries posted here
+    advance those objects, and accounts locked here are added, so one dict serves a
+    transaction's `settle_holds` and `create_holds` alike."""
     outcomes: list[Outcome] = [None] * len(requests)
     checked: dict[int, _HoldRequest] = {}
     runs: set[tuple[str, int, int]] = set()
@@ -77,7 +87,13 @@ def create_holds(s: Session, requests: Sequence[tuple[str, dict[str, Any]]]) -> 
             checked[i] = req
     if not checked:
         return outcomes
-    accounts = {a.name: a for a in lock_accounts(s, {r.account for r in checked.values()}).values()}
+    names = {r.account for r in checked.values()}
+    accounts = {a.name: a for a in (locked or {}).values() if a.name in names}
+    if len(accounts) < len(names):
+        fresh = lock_accounts(s, names)
+        if locked is not None:
+            locked.update(fresh)
+        accounts = {a.name: a for a in fresh.values()}
     for i, req in list(checked.items()):
         if req.account not in accounts:
             outcomes[i] = no_account(req.account)
@@ -174,8 +190,16 @@ def find_active_holds(
     return found
 
 
-def settle_holds(s: Session, settles: Sequence[tuple[int, int | str, datetime | None]]) -> list[Outcome]:
-    """`settle_hold(s, hold_id, elapsed, at)` for each (hold id, elapsed, at), at once."""
+def settle_holds(
+    s: Session,
+    settles: Sequence[tuple[int, int | str, datetime | None]],
+    *,
+    locked: dict[int, LockedAccount] | None = None,
+) -> list[Outcome]:
+    """`settle_hold(s, hold_id, elapsed, at)` for each (hold id, elapsed, at), at once.
+
+    `locked`: as for `create_holds`; when it holds every owner of these holds, they are
+    not locked again."""
     outcomes: list[Outcome] = [None] * len(settles)
     wanted: dict[int, tuple[int, int, datetime | None]] = {}  # hold id: (index, elapsed, at)
     for i, (hold_id, elapsed, at) in enumerate(settles):
@@ -188,16 +212,15 @@ def settle_holds(s: Session, settles: Sequence[tuple[int, int | str, datetime | 
             wanted[hold_id] = (i, seconds, at)
     if not wanted:
         return outcomes
-    # The owners' ids first (by primary key), then the lock by id: see `lock_batch`.
-    owners = s.execute(select(holds_t.c.account_id).where(holds_t.c.id.in_(sorted(wanted)))).scalars()
-    accounts = lock_accounts(s, ids=sorted(set(owners)))
-    holds = [
-        hold
-        for hold in (
-            _to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))
-        )
-        if hold.state == "active" and hold.account_id in accounts
-    ]
+    read = [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
+    accounts = locked or {}
+    if any(hold.account_id not in accounts for hold in read):
+        # Lock the owners (by id: see `lock_batch`), then read their holds under the lock.
+        accounts = lock_accounts(s, ids=sorted({hold.account_id for hold in read}))
+        if locked is not None:
+            locked.update(accounts)  # the same objects for what follows in this transaction
+        read = [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
+    holds = [hold for hold in read if hold.state == "active" and hold.account_id in accounts]
     plans = []
     for hold in sorted(holds, key=lambda h: wanted[h.id][0]):
         i, seconds, at = wanted[hold.id]

@@ -214,8 +214,8 @@ def test_a_database_failure_under_a_batch_commits_none_of_it(pg_url: str, tx_pg,
         assert fast is not None
         killed: list[int] = []
 
-        def fast_then_killed(s: Any, batch: Any) -> Any:
-            answers = fast(s, batch)
+        def fast_then_killed(s: Any, batch: Any, locked: Any) -> Any:
+            answers = fast(s, batch, locked)
             if len(batch) > 1 and not killed:
                 pid = s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
                 with daemon.engine.connect() as other:

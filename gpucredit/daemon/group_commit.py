@@ -32,11 +32,12 @@ from ledger.errors import LedgerError
 log = logging.getLogger("gpucredit.daemon")
 
 Work = Callable[[Session, dict[str, Any]], Any]
-# Locks what a batch will touch, before its first request runs (may do nothing).
-Prepare = Callable[[Session, Sequence["Pending"]], None]
+# Locks what a batch will touch, before its first request runs; what it returns (say,
+# the rows it locked) is handed to `fast`.
+Prepare = Callable[[Session, Sequence["Pending"]], Any]
 # Answers what it can of a batch in a few statements: per request (result, None),
 # (None, its own error), or None to leave it to `work`, which runs after it.
-Fast = Callable[[Session, Sequence["Pending"]], Sequence["tuple[Any, BaseException | None] | None"]]
+Fast = Callable[[Session, Sequence["Pending"], Any], Sequence["tuple[Any, BaseException | None] | None"]]
 
 DEFAULT_BATCH_MAX = 64
 
@@ -152,9 +153,8 @@ class GroupCommitter:
             self.requests += len(batch)
         try:
             with self.sessions() as s, s.begin():
-                if self.prepare is not None:
-                    self.prepare(s, batch)
-                for pending in self._apply_fast(s, batch):
+                prepared = None if self.prepare is None else self.prepare(s, batch)
+                for pending in self._apply_fast(s, batch, prepared):
                     self._apply_one(s, pending)
         except SQLAlchemyError as error:
             log.error(
@@ -166,14 +166,14 @@ class GroupCommitter:
                 pending.result = None
                 pending.error = BatchFailed(str(error))
 
-    def _apply_fast(self, s: Session, batch: Sequence[Pending]) -> list[Pending]:
+    def _apply_fast(self, s: Session, batch: Sequence[Pending], prepared: Any) -> list[Pending]:
         """Run the fast path in a savepoint of its own; return the requests it left.
         Should it fail, it undoes everything it did and leaves every request."""
         if self.fast is None:
             return list(batch)
         try:
             with s.begin_nested():
-                answers = self.fast(s, batch)
+                answers = self.fast(s, batch, prepared)
         except Exception as error:
             if isinstance(error, SQLAlchemyError) and not _still_usable(s):
                 raise

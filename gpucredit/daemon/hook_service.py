@@ -86,7 +86,11 @@ Answer = tuple[Any, BaseException | None]
 
 
 def apply_batch(
-    s: Session, requests: Sequence[tuple[str, Mapping[str, Any]]], *, grace_seconds: int
+    s: Session,
+    requests: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    grace_seconds: int,
+    locked: dict[int, api.LockedAccount] | None = None,
 ) -> list[Answer | None]:
     """The group commit's fast path: a batch's settles, then its holds, each set written in a
     few statements (ledger.hold_batch). Each request gets (result, None), (None, its refusal),
@@ -109,10 +113,12 @@ def apply_batch(
     due = [
         (i, hold, request) for (i, _, request), hold in zip(settles, found, strict=True) if hold is not None
     ]
-    settled = api.settle_holds(s, [(hold.id, *_settle_times(request, hold)) for _, hold, request in due])
+    settled = api.settle_holds(
+        s, [(hold.id, *_settle_times(request, hold)) for _, hold, request in due], locked=locked
+    )
     for (i, _, _), outcome in zip(due, settled, strict=True):
         answers[i] = _answer(outcome)
-    created = api.create_holds(s, [arguments for _, arguments in holds])
+    created = api.create_holds(s, [arguments for _, arguments in holds], locked=locked)
     for (i, _), outcome in zip(holds, created, strict=True):
         answers[i] = _answer(outcome)
     return answers

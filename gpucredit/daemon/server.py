@@ -45,7 +45,7 @@ from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
-from ledger.api import RoutingConfig, SnapshotKeeper, lock_batch, parse_share
+from ledger.api import LockedAccount, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
@@ -109,8 +109,8 @@ class Daemon:
             # SQLite has one writer whatever we do; PostgreSQL overlaps batches' round trips.
             writers=1 if self.engine.dialect.name == "sqlite" else config["daemon"]["writers"],
             prepare=_lock_batch_accounts,
-            fast=lambda s, batch: service.apply_batch(
-                s, [(p.op, p.request) for p in batch], grace_seconds=self.grace_seconds
+            fast=lambda s, batch, locked: service.apply_batch(
+                s, [(p.op, p.request) for p in batch], grace_seconds=self.grace_seconds, locked=locked
             ),
         )
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -331,9 +331,9 @@ class Daemon:
             log.info("gpucredit daemon stopped")
 
 
-def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> None:
-    """Lock the accounts of a batch's holds and settles in id order before any runs;
-    a malformed request locks nothing and is refused on its own turn."""
+def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> dict[int, LockedAccount]:
+    """Lock the accounts of a batch's holds and settles in id order before any runs, and
+    return them; a malformed request locks nothing and is refused on its own turn."""
     accounts: set[str] = set()
     jobs: set[tuple[str, int]] = set()
     for pending in batch:
@@ -345,7 +345,7 @@ def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> None:
                 jobs.add((str(request["cluster"]), int(request["job_id"])))
         except (KeyError, TypeError, ValueError):
             continue
-    lock_batch(s, accounts, jobs)
+    return lock_batch(s, accounts, jobs)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
