@@ -353,6 +353,8 @@ class Simulation:
             when, _seq, kind, payload = heapq.heappop(self.events)
             if kind in periodic and self._drained(when):
                 continue  # services stop once every job is done
+            if kind == "end" and not self._ends_now(payload):
+                continue  # the run ended otherwise meanwhile (node failure, cancel)
             self.now = when
             self.books.events[kind] += 1
             handlers[kind](payload)
@@ -521,12 +523,14 @@ class Simulation:
             length, state = spec.admin_requeue_after, "REQUEUED"
         self._push(self.now + length, "end", (spec.job_id, job.run, state))
 
-    def _end_event(self, payload: tuple[int, int, str]) -> None:
-        job_id, run, state = payload
+    def _ends_now(self, payload: tuple[int, int, str]) -> bool:
+        job_id, run, _state = payload
         job = self.jobs[job_id]
-        if job.state != "running" or job.run != run:
-            return  # ended otherwise meanwhile (node failure, cancel)
-        self._end(job, state)
+        return job.state == "running" and job.run == run
+
+    def _end_event(self, payload: tuple[int, int, str]) -> None:
+        job_id, _run, state = payload
+        self._end(self.jobs[job_id], state)
 
     def _end(self, job: Job, state: str) -> None:
         spec = job.spec

@@ -95,6 +95,8 @@ FULL = Config(
     duration_median_hours=80.0,
     duration_sigma=1.0,
     max_limit_hours=336,
+    # Holds take the whole time limit (1.1-2x the run time): budgets must cover that.
+    budget_range=(1.2, 2.2),
     gpu_mix=((1, 0.85), (2, 0.10), (4, 0.04), (8, 0.01)),
     sched_interval_seconds=300,
     meter_interval_seconds=6 * 3600,
