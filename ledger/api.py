@@ -54,7 +54,7 @@ from ledger.history import (
     job_record,
     running_totals,
 )
-from ledger.hold_batch import create_holds, find_active_holds, settle_holds
+from ledger.hold_batch import apply_holds_and_settles, create_holds, find_active_holds, settle_holds
 from ledger.holds import (
     ActiveRun,
     HoldState,
@@ -155,6 +155,7 @@ __all__ = [
     "adjust",
     "adjust_hold",
     "adjust_holds",
+    "apply_holds_and_settles",
     "authenticate_token",
     "balance",
     "cancel_payment",

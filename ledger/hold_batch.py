@@ -41,7 +41,6 @@ from ledger.holds import (
     _HoldRequest,
     _reserve,
     _run_conflict,
-    _save_allocations_many,
     _settlement,
     _submit_time,
     _to_state,
@@ -55,7 +54,7 @@ from ledger.timeutil import parse_seconds
 
 Outcome = HoldState | LedgerError | None
 
-__all__ = ["Outcome", "create_holds", "find_active_holds", "settle_holds"]
+__all__ = ["Outcome", "apply_holds_and_settles", "create_holds", "find_active_holds", "settle_holds"]
 
 
 def create_holds(
@@ -64,47 +63,98 @@ def create_holds(
     *,
     locked: dict[int, LockedAccount] | None = None,
 ) -> list[Outcome]:
-    """`create_hold(s, account, **arguments)` for each (account, arguments), at once.
+    """`create_hold(s, account, **arguments)` for each (account, arguments), at once
+    (`locked`: see `apply_holds_and_settles`)."""
+    return apply_holds_and_settles(s, requests, [], locked=locked)[0]
 
+
+def settle_holds(
+    s: Session,
+    settles: Sequence[tuple[int, int | str, datetime | None]],
+    *,
+    locked: dict[int, LockedAccount] | None = None,
+) -> list[Outcome]:
+    """`settle_hold(s, hold_id, elapsed, at)` for each (hold id, elapsed, at), at once
+    (`locked`: see `apply_holds_and_settles`)."""
+    return apply_holds_and_settles(s, [], settles, locked=locked)[1]
+
+
+def apply_holds_and_settles(
+    s: Session,
+    holds: Sequence[tuple[str, dict[str, Any]]],
+    settles: Sequence[tuple[int, int | str, datetime | None]],
+    *,
+    locked: dict[int, LockedAccount] | None = None,
+) -> tuple[list[Outcome], list[Outcome]]:
+    """The settles, then the holds, as `settle_hold` and `create_hold` on each in turn
+    would leave them, read and written together: one statement per table.
+
+    `holds` are (account, `create_hold`'s keyword arguments); `settles` are (hold id,
+    elapsed seconds, effective time or None). Returns each one's outcome, in order.
     `locked`: accounts this transaction has already locked (`lock_batch`), by id; when it
-    holds every account named, they are not read and locked again. Entries posted here
-    advance those objects, and accounts locked here are added, so one dict serves a
-    transaction's `settle_holds` and `create_holds` alike."""
-    outcomes: list[Outcome] = [None] * len(requests)
-    checked: dict[int, _HoldRequest] = {}
-    runs: set[tuple[str, int, int]] = set()
-    for i, (account_name, arguments) in enumerate(requests):
-        try:
-            req = _hold_request(account_name, **arguments)
-        except LedgerError as error:
-            outcomes[i] = error
-            continue
-        except (TypeError, ValueError):
-            continue  # left to create_hold, which says what is wrong
-        run = (req.cluster, req.job_id, req.run)
-        if run not in runs:  # a second request for a run replays or conflicts after this one
-            runs.add(run)
-            checked[i] = req
-    if not checked:
-        return outcomes
-    names = {r.account for r in checked.values()}
-    accounts = {a.name: a for a in (locked or {}).values() if a.name in names}
-    if len(accounts) < len(names):
-        fresh = lock_accounts(s, names)
+    holds every account concerned they are not locked again. Entries posted here advance
+    those objects, and accounts locked here are added to it.
+    """
+    created: list[Outcome] = [None] * len(holds)
+    settled: list[Outcome] = [None] * len(settles)
+    wanted = _settle_requests(settles, settled)
+    checked = _hold_requests(holds, created)
+    if not wanted and not checked:
+        return created, settled
+    accounts = dict(locked or {})
+    names = {req.account for req in checked.values()}
+    read = _read_holds(s, wanted)
+    if any(hold.account_id not in accounts for hold in read) or not names <= {
+        a.name for a in accounts.values()
+    }:
+        # Lock what is not locked yet (by id: see `lock_batch`), then read the holds under it.
+        fresh = lock_accounts(s, names, sorted({hold.account_id for hold in read}) or None)
+        accounts.update(fresh)
         if locked is not None:
             locked.update(fresh)
-        accounts = {a.name: a for a in fresh.values()}
+        read = _read_holds(s, wanted)
+    by_name = {a.name: a for a in accounts.values()}
     for i, req in list(checked.items()):
-        if req.account not in accounts:
-            outcomes[i] = no_account(req.account)
+        if req.account not in by_name:
+            created[i] = no_account(req.account)
             del checked[i]
-    capped = _accounts_with_limits(s, {accounts[r.account].id for r in checked.values()})
-    existing = _holds_of_runs(s, {(r.cluster, r.job_id) for r in checked.values()})
+
+    charges = []  # (index, hold, settlement)
+    for hold in sorted(read, key=lambda h: wanted[h.id][0]):
+        i, seconds, at = wanted[hold.id]
+        if hold.state != "active" or hold.account_id not in accounts:
+            continue  # a repeat replays, a resolved hold conflicts: settle_hold says which
+        settlement = _settlement(hold, seconds, at)
+        if settlement["target_ucredits"] < hold.charged_ucredits:
+            continue  # a refund may become a refund grant: settle_hold does it
+        charges.append((i, hold, settlement))
+    allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for _, hold, _ in charges}
+    if allocations:
+        for row in s.execute(select(allocations_t).where(allocations_t.c.hold_id.in_(sorted(allocations)))):
+            allocations[row.hold_id][row.grant_id] = Allocation(
+                row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
+            )
+    hold_accounts = {by_name[req.account].id for req in checked.values()}
+    capped = _accounts_with_limits(s, hold_accounts)
+    existing = _holds_of_runs(s, {(req.cluster, req.job_id) for req in checked.values()})
     prices = load_price_table(s) if checked else None
+    touched = {grant_id for by_grant in allocations.values() for grant_id in by_grant}
+    grants = _grants_of(s, hold_accounts | {hold.account_id for _, hold, _ in charges}, touched)
+
+    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
+    resolved: list[dict[str, Any]] = []
+    for i, hold, settlement in charges:
+        account = accounts[hold.account_id]
+        draft, values, _unplaced = _charge(
+            account, hold, grants.setdefault(account.id, []), allocations[hold.id], **settlement
+        )
+        drafts.setdefault(account.id, (account, []))[1].append(draft)
+        resolved.append({"id": hold.id, **values})
+        settled[i] = dataclasses.replace(hold, **values)
+
     planned: list[tuple[int, _HoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
-    grants = _grants_of(s, {accounts[r.account].id for r in checked.values()}, touched=set())
     for i, req in checked.items():
-        account = accounts[req.account]
+        account = by_name[req.account]
         if account.id in capped:
             continue  # limits read this batch's holds too: create_hold checks them after it
         try:
@@ -113,56 +163,113 @@ def create_holds(
                 held, digest = found
                 if digest != req.digest:
                     raise _run_conflict(held)
-                outcomes[i] = held
+                created[i] = held
                 continue
             assert prices is not None
             rate, unit_prices = prices.rate_for(req.gpus, req.partition, req.at)
             amount = _hold_amount(req, rate)
             legs = _reserve(grants.setdefault(account.id, []), account, req, amount)
         except LedgerError as error:
-            outcomes[i] = error
+            created[i] = error
             continue
         planned.append((i, req, account, _hold_fields(req, rate, unit_prices, amount), legs))
-    if not planned:
-        return outcomes
-    rows = [
-        {
-            "account_id": account.id,
-            "charged_ucredits": 0,
-            "charged_seconds": 0,
-            "debt_ucredits": 0,
-            "state": "active",
-            "resolved_at": None,
-            **fields,
-            "request_hash": req.digest,
-        }
-        for _, req, account, fields, _ in planned
-    ]
-    returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
-    hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
-    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
-    earmarks: list[dict[str, int]] = []
-    for i, req, account, fields, legs in planned:
-        hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
-        drafts.setdefault(account.id, (account, []))[1].append(
-            EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=_hold_memo(req))
-        )
-        earmarks.extend(_earmarks(hold_id, legs))
-        outcomes[i] = HoldState(
-            id=hold_id,
-            account=account.name,
-            account_id=account.id,
-            charged_ucredits=0,
-            charged_seconds=0,
-            debt_ucredits=0,
-            state="active",
-            resolved_at=None,
-            **fields,
-        )
+    new_allocations: list[dict[str, int]] = []
+    if planned:
+        rows = [
+            {
+                "account_id": account.id,
+                "charged_ucredits": 0,
+                "charged_seconds": 0,
+                "debt_ucredits": 0,
+                "state": "active",
+                "resolved_at": None,
+                **fields,
+                "request_hash": req.digest,
+            }
+            for _, req, account, fields, _ in planned
+        ]
+        returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
+        hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
+        for i, req, account, fields, legs in planned:
+            hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
+            drafts.setdefault(account.id, (account, []))[1].append(
+                EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=_hold_memo(req))
+            )
+            new_allocations.extend(_earmarks(hold_id, legs))
+            created[i] = HoldState(
+                id=hold_id,
+                account=account.name,
+                account_id=account.id,
+                charged_ucredits=0,
+                charged_seconds=0,
+                debt_ucredits=0,
+                state="active",
+                resolved_at=None,
+                **fields,
+            )
     post_batch(s, list(drafts.values()))
-    insert_rows(s, allocations_t, earmarks)
+    changed_allocations: list[dict[str, int]] = []
+    for hold_id, by_grant in allocations.items():
+        for a in by_grant.values():
+            if a.dirty:
+                (new_allocations if a.is_new else changed_allocations).append(
+                    {
+                        "hold_id": hold_id,
+                        "grant_id": a.grant_id,
+                        "earmarked_ucredits": a.earmarked_ucredits,
+                        "drawn_ucredits": a.drawn_ucredits,
+                    }
+                )
+    insert_rows(s, allocations_t, new_allocations)
+    update_rows(s, allocations_t, ("hold_id", "grant_id"), changed_allocations)
     _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
-    return outcomes
+    update_rows(s, holds_t, ("id",), resolved)
+    return created, settled
+
+
+def _settle_requests(
+    settles: Sequence[tuple[int, int | str, datetime | None]], outcomes: list[Outcome]
+) -> dict[int, tuple[int, int, datetime | None]]:
+    """The settles to read, by hold id: (index, elapsed, at); a hold's second settle in
+    the batch is left to settle_hold, which replays or refuses it after the first."""
+    wanted: dict[int, tuple[int, int, datetime | None]] = {}
+    for i, (hold_id, elapsed, at) in enumerate(settles):
+        try:
+            seconds = parse_seconds(elapsed, field="elapsed")
+        except LedgerError as error:
+            outcomes[i] = error
+            continue
+        if hold_id not in wanted:
+            wanted[hold_id] = (i, seconds, at)
+    return wanted
+
+
+def _hold_requests(
+    holds: Sequence[tuple[str, dict[str, Any]]], outcomes: list[Outcome]
+) -> dict[int, _HoldRequest]:
+    """The holds checked and normalised, by index; a run's second request in the batch is
+    left to create_hold, which replays or refuses it after the first."""
+    checked: dict[int, _HoldRequest] = {}
+    runs: set[tuple[str, int, int]] = set()
+    for i, (account_name, arguments) in enumerate(holds):
+        try:
+            req = _hold_request(account_name, **arguments)
+        except LedgerError as error:
+            outcomes[i] = error
+            continue
+        except (TypeError, ValueError):
+            continue  # left to create_hold, which says what is wrong
+        run = (req.cluster, req.job_id, req.run)
+        if run not in runs:
+            runs.add(run)
+            checked[i] = req
+    return checked
+
+
+def _read_holds(s: Session, wanted: dict[int, Any]) -> list[HoldState]:
+    if not wanted:
+        return []
+    return [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
 
 
 def find_active_holds(
@@ -173,7 +280,9 @@ def find_active_holds(
         return []
     newest: dict[tuple[str, int], list[HoldState]] = {}
     query = _hold_query().where(
-        holds_t.c.state == "active", holds_t.c.job_id.in_(sorted({job_id for _, job_id, _ in attempts}))
+        holds_t.c.state == "active",
+        holds_t.c.cluster.in_(sorted({cluster for cluster, _, _ in attempts})),  # the unique index
+        holds_t.c.job_id.in_(sorted({job_id for _, job_id, _ in attempts})),
     )
     for row in s.execute(query.order_by(holds_t.c.id.desc())):
         hold = _to_state(row)
@@ -190,70 +299,6 @@ def find_active_holds(
     return found
 
 
-def settle_holds(
-    s: Session,
-    settles: Sequence[tuple[int, int | str, datetime | None]],
-    *,
-    locked: dict[int, LockedAccount] | None = None,
-) -> list[Outcome]:
-    """`settle_hold(s, hold_id, elapsed, at)` for each (hold id, elapsed, at), at once.
-
-    `locked`: as for `create_holds`; when it holds every owner of these holds, they are
-    not locked again."""
-    outcomes: list[Outcome] = [None] * len(settles)
-    wanted: dict[int, tuple[int, int, datetime | None]] = {}  # hold id: (index, elapsed, at)
-    for i, (hold_id, elapsed, at) in enumerate(settles):
-        try:
-            seconds = parse_seconds(elapsed, field="elapsed")
-        except LedgerError as error:
-            outcomes[i] = error
-            continue
-        if hold_id not in wanted:
-            wanted[hold_id] = (i, seconds, at)
-    if not wanted:
-        return outcomes
-    read = [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
-    accounts = locked or {}
-    if any(hold.account_id not in accounts for hold in read):
-        # Lock the owners (by id: see `lock_batch`), then read their holds under the lock.
-        accounts = lock_accounts(s, ids=sorted({hold.account_id for hold in read}))
-        if locked is not None:
-            locked.update(accounts)  # the same objects for what follows in this transaction
-        read = [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
-    holds = [hold for hold in read if hold.state == "active" and hold.account_id in accounts]
-    plans = []
-    for hold in sorted(holds, key=lambda h: wanted[h.id][0]):
-        i, seconds, at = wanted[hold.id]
-        settlement = _settlement(hold, seconds, at)
-        if settlement["target_ucredits"] < hold.charged_ucredits:
-            continue  # a refund may become a refund grant: settle_hold does it
-        plans.append((i, hold, settlement))
-    if not plans:
-        return outcomes
-    allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for _, hold, _ in plans}
-    for row in s.execute(select(allocations_t).where(allocations_t.c.hold_id.in_(sorted(allocations)))):
-        allocations[row.hold_id][row.grant_id] = Allocation(
-            row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
-        )
-    touched = {grant_id for by_grant in allocations.values() for grant_id in by_grant}
-    grants = _grants_of(s, {hold.account_id for _, hold, _ in plans}, touched)
-    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
-    changed: list[dict[str, Any]] = []
-    for i, hold, settlement in plans:
-        account = accounts[hold.account_id]
-        draft, values, _unplaced = _charge(
-            account, hold, grants.get(account.id, []), allocations[hold.id], **settlement
-        )
-        drafts.setdefault(account.id, (account, []))[1].append(draft)
-        changed.append({"id": hold.id, **values})
-        outcomes[i] = dataclasses.replace(hold, **values)
-    post_batch(s, list(drafts.values()))
-    _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
-    _save_allocations_many(s, allocations)
-    update_rows(s, holds_t, ("id",), changed)
-    return outcomes
-
-
 def _accounts_with_limits(s: Session, account_ids: set[int]) -> set[int]:
     if not account_ids:
         return set()
@@ -266,7 +311,10 @@ def _holds_of_runs(s: Session, jobs: set[tuple[str, int]]) -> dict[tuple[Any, ..
     if not jobs:
         return {}
     query = _hold_query().add_columns(holds_t.c.request_hash.label("_digest"))
-    query = query.where(holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs})))
+    query = query.where(
+        holds_t.c.cluster.in_(sorted({cluster for cluster, _ in jobs})),  # the unique index
+        holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs})),
+    )
     found: dict[tuple[Any, ...], tuple[HoldState, str]] = {}
     for row in s.execute(query):
         fields = dict(row._mapping)

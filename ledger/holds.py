@@ -309,7 +309,8 @@ def lock_batch(
         # over all holds while the planner has no statistics for a young table (25 ms).
         # Every hold of the job, resolved ones too: a repeated settle replays one.
         query = select(holds_t.c.cluster, holds_t.c.job_id, holds_t.c.account_id).where(
-            holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs}))
+            holds_t.c.cluster.in_(sorted({cluster for cluster, _ in jobs})),  # the unique index
+            holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs})),
         )
         owners = {account_id for cluster, job_id, account_id in s.execute(query) if (cluster, job_id) in jobs}
     return lock_accounts(s, accounts, owners or None)

@@ -113,12 +113,14 @@ def apply_batch(
     due = [
         (i, hold, request) for (i, _, request), hold in zip(settles, found, strict=True) if hold is not None
     ]
-    settled = api.settle_holds(
-        s, [(hold.id, *_settle_times(request, hold)) for _, hold, request in due], locked=locked
+    created, settled = api.apply_holds_and_settles(
+        s,
+        [arguments for _, arguments in holds],
+        [(hold.id, *_settle_times(request, hold)) for _, hold, request in due],
+        locked=locked,
     )
     for (i, _, _), outcome in zip(due, settled, strict=True):
         answers[i] = _answer(outcome)
-    created = api.create_holds(s, [arguments for _, arguments in holds], locked=locked)
     for (i, _), outcome in zip(holds, created, strict=True):
         answers[i] = _answer(outcome)
     return answers
