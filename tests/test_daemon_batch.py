@@ -123,7 +123,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 def served(db_url: str, tx, sockdir: Path) -> Iterator[tuple[Daemon, DaemonClient, Gate]]:  # type: ignore[no-untyped-def]
     with tx() as s:
         api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
-        for account, amount in (("physics", "20"), ("chem", "10"), ("capped", "50")):
+        for account, amount in (("physics", "20"), ("chem", "10"), ("capped", "50"), ("bio", "10")):
             api.create_account(s, account)
             api.topup(s, account, amount, effective_at=datetime(2026, 1, 1, tzinfo=UTC))
         api.set_limits(s, "capped", max_gpus=1)
@@ -152,6 +152,7 @@ def test_each_request_of_a_batch_gets_its_own_answer(served, tx, sockdir: Path) 
     first = client.call("hold", **job(1, "physics", {"h100": 2}))  # 7.20
     assert client.call("hold", **job(4, "physics", {"h100": 1}))["amount"] == "3.60"
     assert figures(tx, "physics") == ("9.20", "10.80")
+    assert client.call("hold", **job(9, "bio", {"h100": 1}))["amount"] == "3.60"
 
     gate.close()
     calls = Calls(daemon, sockdir / "daemon.sock")
@@ -166,10 +167,11 @@ def test_each_request_of_a_batch_gets_its_own_answer(served, tx, sockdir: Path) 
     calls.queue("hold", job(6, "capped", {"h100": 2}))  # over the account's 1 GPU
     calls.queue("hold", job(7, "capped", {"h100": 1}))
     calls.queue("hold", {k: v for k, v in job(8, "physics", {"h100": 1}).items() if k != "account"})
+    calls.queue("hold", job(9, "bio", {"h100": 1}, seconds=7200))  # the run's only request here
     gate.open()
-    lone, fits, short, repeat, conflict, settled, other, over, capped, malformed = calls.join()
+    lone, fits, short, repeat, conflict, settled, other, over, capped, malformed, changed = calls.join()
 
-    assert daemon.batches.batches == batches_before + 1, "the nine requests did not share one batch"
+    assert daemon.batches.batches == batches_before + 1, "the ten requests did not share one batch"
     assert lone["amount"] == "3.60"
     assert (fits["amount"], fits["state"]) == ("3.60", "active")
     assert isinstance(short, DaemonRefused) and short.code == "insufficient_credits"
@@ -186,13 +188,16 @@ def test_each_request_of_a_batch_gets_its_own_answer(served, tx, sockdir: Path) 
     assert (over.details["value"], over.details["cap"]) == (2, 1)
     assert (capped["amount"], capped["state"]) == ("3.60", "active")
     assert isinstance(malformed, DaemonRefused) and malformed.code == "bad_request"
+    assert isinstance(changed, DaemonRefused) and changed.code == "idempotency_conflict"
+    assert changed.message == "job lab/9 run 0 already has a hold for a different request"
 
     assert figures(tx, "physics") == ("7.40", "10.80")  # 20 - 7.20 - 3.60 held - 1.80 charged
     assert figures(tx, "chem") == ("2.80", "7.20")
     assert figures(tx, "capped") == ("46.40", "3.60")
+    assert figures(tx, "bio") == ("6.40", "3.60")
     with tx() as s:
         assert api.verify(s).ok
-        assert {h.job_id for h in api.list_holds(s)} == {1, 2, 4, 5, 7, 90}
+        assert {h.job_id for h in api.list_holds(s)} == {1, 2, 4, 5, 7, 9, 90}
     # The refused and conflicting requests left nothing behind: a retry is judged afresh.
     assert client.call("settle", **settle(2, "2026-12-02T11:00:00Z"))["charged"] == "3.60"
     assert client.call("hold", **job(3, "physics", {"h100": 1}))["amount"] == "3.60"
