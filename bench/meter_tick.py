@@ -11,8 +11,9 @@ by its compact text (`sacct.squeue_compact_argv`'s format, every job RUNNING), p
 every tick as the real source does; `squeue --json` of the same size is timed on its own
 for comparison, from a recorded job repeated.
 
-Ticks, per worker count: one where nothing is due (a retry within the interval), then
-ticks where every hold is due -- the steady state, since with the tick period equal to
+Ticks: a first one, which sees every job for the first time (a meter's start: it marks
+their holds as running, one statement per 1,000), then per worker count ticks where every
+hold is due -- the steady state, since with the tick period equal to
 the interval every running hold advances one interval per tick. Running jobs within
 their hold accrue on read (nothing is posted), so a tick reads squeue and the active
 holds and writes a heartbeat. Then the first ticks after midnight UTC, which post one
@@ -309,13 +310,14 @@ def measure(holds: int, accounts: int, worker_counts: list[int], ticks: int, pro
                 clock=lambda: now["t"],
                 workers=workers,
             )
-            for tick in range(ticks + 1):
-                due = tick > 0
+            first = workers == worker_counts[0]
+            for tick in range(ticks + 1 if first else ticks):
+                # The very first tick sees every job for the first time (a meter's start).
+                due = not (first and tick == 0)
                 now["t"] += timedelta(seconds=INTERVAL_SECONDS if due else 1)
-                last = profile and workers == worker_counts[-1] and tick == ticks
-                seconds, report = one_tick(
-                    meter, f"{workers} worker(s), " + ("all due" if due else "none due"), profiled=last
-                )
+                last = profile and workers == worker_counts[-1] and tick == ticks - (0 if first else 1)
+                label = f"{workers} worker(s), " + ("all due" if due else "first (jobs seen)")
+                seconds, report = one_tick(meter, label, profiled=last)
                 assert report.charged == 0 and report.accruing == (len(jobs) if due else 0), report.as_dict()
                 if due:
                     due_seconds.append(seconds)
