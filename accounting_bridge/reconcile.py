@@ -111,6 +111,9 @@ _MONEY_ACTIONS = frozenset({"settle", "adjust", "release", "unreserved"})
 REFUSED_ELAPSED_MAX_SECONDS = 1
 # Runs per batch: bounds each read, each bulk write and the memory they hold.
 DEFAULT_BATCH_RUNS = 5_000
+# Money-moving runs are queued over batches up to this many, then applied one
+# transaction per paying account.
+MONEY_RUNS_PER_FLUSH = 2_000
 # Accounts whose money-moving transactions run at once (PostgreSQL; SQLite has one writer).
 MONEY_WORKERS = 4
 # job_runs.flags is String(128).
@@ -477,6 +480,16 @@ def _flags_text(flags: Iterable[str]) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
+def _gpus_text_of(items: tuple[tuple[str, int], ...]) -> str:
+    return jobruns.format_gpus(dict(items))
+
+
+def _gpus_text(gpus: Mapping[str, int]) -> str:
+    """jobruns.format_gpus, once per distinct GPU mix (a few serve a whole window)."""
+    return _gpus_text_of(tuple(gpus.items()))
+
+
 def _job_run_row(
     run: SacctRun, *, flags: Iterable[str], hold_id: int | None, charged_ucredits: int, now: datetime
 ) -> JobRunRow:
@@ -493,7 +506,7 @@ def _job_run_row(
         run.start,
         run.end,
         run.elapsed_seconds,
-        jobruns.format_gpus(run.gpus),
+        _gpus_text(run.gpus),
         ",".join(run.nodes),
         hold_id,
         _flags_text(flags),
@@ -708,67 +721,60 @@ def _reconcile_all(
             size = 0
         batches[-1][key] = jobs[key]
         size += len(jobs[key])
-    with _Background(concurrent) as background:
-        stored = background.stored_records(session_factory, batches, force)
-        for batch, records in zip(batches, stored, strict=True):
-            _reconcile_batch(session_factory, batch, records, policy, now, summary, background)
+    move = functools.partial(_move_account_money, session_factory, policy=policy, now=now)
+    with _Background(concurrent, move) as background:
+        for batch in batches:
+            _reconcile_batch(session_factory, batch, force, policy, now, summary, background)
         for outcome in background.outcomes():
             summary.add(outcome)
     return summary
 
 
 _Task = Callable[[], list[RunOutcome]]
+# (account, its runs) -> their outcomes: one transaction
+_MoveMoney = Callable[[str, Sequence["_MoneyRun"]], list[RunOutcome]]
 
 
 class _Background:
-    """Writes of earlier batches, run while later batches are read and planned.
+    """The writes of planned batches: bulk job_runs rows and money-moving runs.
 
-    On PostgreSQL a batch's bulk job_runs write goes to one writer thread and its
-    accounts' money-moving transactions to a few more (they lock one account each and
-    share no row, so they cannot wait on one another): most of their time is round
-    trips, which then overlap. On SQLite (one writer) each runs at once, in order.
-    `outcomes()` waits for all of them and yields their outcomes in submission order;
-    an error in any is raised there.
+    On PostgreSQL a batch's bulk job_runs write runs in a writer thread while the next
+    batch is read and planned, and the money-moving transactions (one per paying
+    account, each locking that account alone, so none waits on another) in a few more:
+    most of their time is round trips, which then overlap. (Reads stay in the planning
+    thread: a reader thread only fought it for the interpreter lock.) On SQLite (one
+    writer) each runs at once, in order. `outcomes()` starts the money
+    still queued, waits for everything and yields the outcomes in submission order; an
+    error in any is raised there.
     """
 
-    def __init__(self, concurrent: bool) -> None:
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="bridge-read") if concurrent else None
+    def __init__(self, concurrent: bool, move: _MoveMoney) -> None:
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="bridge-write") if concurrent else None
         self.money = (
             ThreadPoolExecutor(MONEY_WORKERS, thread_name_prefix="bridge-money") if concurrent else None
         )
         self.pending: list[Future[list[RunOutcome]]] = []
-
-    def stored_records(
-        self,
-        session_factory: SessionFactory,
-        batches: Sequence[Mapping[tuple[str, int], object]],
-        force: bool,
-    ) -> Iterator[_Records | None]:
-        """Each batch's stored records (None with `force`: every run is re-planned), the next
-        batch's read under way while the caller works on this one."""
-        if force:
-            yield from (None for _ in batches)
-            return
-
-        def read(batch: Mapping[tuple[str, int], object]) -> _Records:
-            with session_factory() as s, s.begin():
-                return jobrun_records.stored_records(s, batch.keys())
-
-        if self.reader is None:
-            yield from (read(batch) for batch in batches)
-            return
-        reads = [self.reader.submit(read, batches[0])] if batches else []
-        for position in range(len(batches)):
-            if position + 1 < len(batches):
-                reads.append(self.reader.submit(read, batches[position + 1]))
-            yield reads[position].result()
+        self.queued: list[_MoneyRun] = []
+        self.move = move
 
     def write(self, task: _Task) -> None:
         self._submit(self.writer, task)
 
-    def move_money(self, task: _Task) -> None:
-        self._submit(self.money, task)
+    def move_money(self, money: Sequence[_MoneyRun]) -> None:
+        """Queue runs that move money; once MONEY_RUNS_PER_FLUSH are queued (and at the end),
+        start one transaction per paying account: the more runs per account, the fewer
+        locks, statements and commits."""
+        self.queued.extend(money)
+        if len(self.queued) >= MONEY_RUNS_PER_FLUSH:
+            self._flush_money()
+
+    def _flush_money(self) -> None:
+        by_account: dict[str, list[_MoneyRun]] = {}
+        for item in self.queued:
+            by_account.setdefault(item.run.account, []).append(item)
+        self.queued = []
+        for account in sorted(by_account):
+            self._submit(self.money, functools.partial(self.move, account, by_account[account]))
 
     def _submit(self, pool: ThreadPoolExecutor | None, task: _Task) -> None:
         if pool is not None:
@@ -779,6 +785,7 @@ class _Background:
         self.pending.append(done)
 
     def outcomes(self) -> Iterator[RunOutcome]:
+        self._flush_money()
         for future in self.pending:
             yield from future.result()
 
@@ -786,7 +793,7 @@ class _Background:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for pool in (self.reader, self.writer, self.money):
+        for pool in (self.writer, self.money):
             if pool is not None:
                 pool.shutdown(wait=True)
 
@@ -794,7 +801,7 @@ class _Background:
 def _reconcile_batch(
     session_factory: SessionFactory,
     jobs: Mapping[tuple[str, int], list[SacctRun]],
-    records: _Records | None,
+    force: bool,
     policy: Policy,
     now: datetime,
     summary: Summary,
@@ -802,13 +809,15 @@ def _reconcile_batch(
 ) -> None:
     """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`.
 
-    `records` are the batch's stored records (one compact range read tells the unchanged
-    runs apart: most, on a re-read window); None re-plans every run (`force`).
+    One compact range read tells the unchanged runs apart (most, on a re-read window);
+    `force` re-plans every run.
     """
     changed: dict[tuple[str, int], list[SacctRun]] = {}
-    if records is None:
+    if force:
         changed.update(jobs)
     else:
+        with session_factory() as s, s.begin():
+            records = jobrun_records.stored_records(s, jobs.keys())
         unchanged = 0
         for key, job_runs in jobs.items():
             for run in job_runs:
@@ -829,20 +838,19 @@ def _reconcile_batch(
     adopted: list[AttemptKey] = []
     per_run: list[SacctRun] = []
     money: list[_MoneyRun] = []
+    counted: Counter[str] = Counter()
     for key, job_runs in changed.items():
         holds = holds_by_job.get(key, [])
+        legacy = bool(_legacy(holds))
         for run in job_runs:
-            try:
-                hold = _pick_hold(
-                    run,
-                    holds,
-                    functools.partial(job_rows.claims, run),
-                    _per_run,
-                    policy.start_tolerance_seconds,
-                )
-            except _PerRun:
-                per_run.append(run)  # a hold without a submit time, maybe matched by start: per run
-                continue
+            hold = _own_hold(run, holds)
+            if hold is None and legacy:  # what _pick_hold does first, without its closures
+                try:
+                    claims = functools.partial(job_rows.claims, run)
+                    hold = _pick_hold(run, holds, claims, _per_run, policy.start_tolerance_seconds)
+                except _PerRun:
+                    per_run.append(run)  # a hold without a submit time, maybe matched by start: per run
+                    continue
             own_row = job_rows.of(run)
             start = run.start
 
@@ -864,18 +872,16 @@ def _reconcile_batch(
             hold_id = hold.id if hold is not None else None
             charged = hold.charged_ucredits if hold is not None else 0
             row = _job_run_row(run, flags=plan.flags, hold_id=hold_id, charged_ucredits=charged, now=now)
-            (inserts if own_row is None else updates).append(row)
-            adopted.extend(_adopting(run, own_row))
-            summary.counts[_counter(plan)] += 1  # matched / not_charged: counted, not listed
+            if own_row is None:
+                inserts.append(row)
+            else:
+                updates.append(row)
+                adopted.extend(_adopting(run, own_row))
+            counted[_counter(plan)] += 1  # matched / not_charged: counted, not listed
+    summary.counts.update(counted)
     if inserts or updates:
         background.write(functools.partial(_write_rows, session_factory, inserts, updates, adopted))
-    by_account: dict[str, list[_MoneyRun]] = {}
-    for item in money:
-        by_account.setdefault(item.run.account, []).append(item)
-    for account in sorted(by_account):
-        background.move_money(
-            functools.partial(_move_account_money, session_factory, account, by_account[account], policy, now)
-        )
+    background.move_money(money)
     for run in per_run:
         summary.add(_reconcile_one(session_factory, run, policy, now))
 
@@ -908,7 +914,12 @@ class _MoneyRun(NamedTuple):
 
 
 def _move_account_money(
-    session_factory: SessionFactory, account: str, items: Sequence[_MoneyRun], policy: Policy, now: datetime
+    session_factory: SessionFactory,
+    account: str,
+    items: Sequence[_MoneyRun],
+    *,
+    policy: Policy,
+    now: datetime,
 ) -> list[RunOutcome]:
     """One account's money-moving runs in one transaction.
 
