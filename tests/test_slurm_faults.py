@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,6 +43,7 @@ from ledger.money import charge_for, format_credits
 from ledger.schema import upgrade
 from ledger.timeutil import parse_time, utcnow
 from slurmbox import SlurmBox, run
+from slurmbox.box import JOB_DIR
 from tests.conftest import require
 from tests.test_slurm_e2e import PRICES, Cluster, is_prolog_refusal, sacct_runs
 from tests.test_two_daemons import DaemonProcess
@@ -229,6 +231,18 @@ class Faults(Cluster):
             assert time.monotonic() < deadline, info
             time.sleep(0.2)
 
+    def node_back(self, node: str, timeout: float = 60) -> None:
+        """Resume a node set down, until it is in service again. slurmd still answers, so
+        with ReturnToService=2 the node may already be back: `resume` then fails."""
+        run(["/usr/bin/scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = run(["/usr/bin/sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout.strip()
+            if state in ("idle", "mixed", "allocated", "completing"):
+                return
+            assert time.monotonic() < deadline, f"{node} is {state}"
+            time.sleep(0.2)
+
     def run_hook(self, hook: str, job: int, restart: int = 0) -> int:
         """Run a controller hook by hand, as slurmctld would (a duplicated prolog or epilog)."""
         env = {
@@ -241,6 +255,16 @@ class Faults(Cluster):
         return subprocess.run([GPUCREDIT, "hook", hook], env=env, capture_output=True, timeout=30).returncode
 
     # ---- the books ----
+
+    def money_entries(self, hold_id: int) -> list[str]:
+        """Kinds of the hold's entries that fix its charge (settle, adjust), in order."""
+        with self.tx() as s:
+            query = (
+                select(entries_t.c.kind)
+                .where(entries_t.c.hold_id == hold_id, entries_t.c.kind.in_(("settle", "adjust")))
+                .order_by(entries_t.c.id)
+            )
+            return list(s.execute(query).scalars())
 
     def check(
         self, account: str, jobs: Mapping[int | str, int], since: datetime
@@ -331,6 +355,22 @@ def submit(c: Faults, account: str, *args: str) -> int:
     return c.box.submit(["-A", account, *args])
 
 
+class Gate:
+    """A job that runs until the test opens its gate: a fault lands while it runs, or at
+    its end, whatever the machine's speed (no sleep to outlast)."""
+
+    def __init__(self) -> None:
+        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"
+
+    @property
+    def wrap(self) -> str:
+        # ...then one more second, so the run is charged something after the gate opens.
+        return f"while [ ! -e {self.path} ]; do sleep 0.1; done; sleep 1"
+
+    def open(self) -> None:
+        self.path.touch()
+
+
 def charged(hook_line: str) -> str:
     """`charged X of Y credits` of an epilog's log line."""
     return hook_line.split(": charged ", 1)[1].split(" (", 1)[0]
@@ -385,11 +425,13 @@ def test_database_stopped_at_submit_and_prolog_holds_the_job_then_it_runs_once(
 
 def test_database_stopped_while_running_and_back_before_the_epilog(faults: Faults, since: datetime) -> None:
     account = faults.new_account("10")
-    job = submit(faults, account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 6")
+    gate = Gate()
+    job = submit(faults, account, "--gres=gpu:a100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
     faults.stop_database()
     faults.start_database()
+    gate.open()
     faults.box.wait_state(job, "COMPLETED", timeout=60)
     faults.wait_hook("epilog-slurmctld", job, "settled hold")
     faults.check(account, {job: PRICES["a100"]}, since)
@@ -399,11 +441,13 @@ def test_database_stopped_during_the_epilog_the_bridge_settles_the_run(
     faults: Faults, since: datetime
 ) -> None:
     account = faults.new_account("10")
-    job = submit(faults, account, "--gres=gpu:a100:2", "-t", "1", "--wrap", "sleep 4")
+    gate = Gate()
+    job = submit(faults, account, "--gres=gpu:a100:2", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
     faults.stop_database()
     try:
+        gate.open()
         faults.wait_hook("epilog-slurmctld", job, "the bridge will reconcile this run")
     finally:
         faults.start_database()
@@ -419,11 +463,13 @@ def test_database_stopped_during_the_epilog_the_bridge_settles_the_run(
 
 def test_primary_daemon_killed_mid_job_the_backup_settles(faults: Faults, since: datetime) -> None:
     account = faults.new_account("10")
-    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 4")
+    gate = Gate()
+    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
     faults.kill_daemons(0)
     try:
+        gate.open()
         faults.box.wait_state(job, "COMPLETED", timeout=60)
         faults.wait_hook("epilog-slurmctld", job, "settled hold")  # through the backup
         faults.check(account, {job: PRICES["h100"]}, since)
@@ -437,9 +483,10 @@ def test_both_daemons_killed_at_submit_prolog_running_and_epilog(faults: Faults,
     bridge settles. One job of each, books exact."""
     account = faults.new_account("10")
     args = ["--gres=gpu:a100:1", "-t", "1"]
+    running_gate, epilog_gate = Gate(), Gate()
     parked = submit(faults, account, "--hold", *args, "--wrap", "sleep 1")
-    running = submit(faults, account, *args, "--wrap", "sleep 6")
-    at_epilog = submit(faults, account, *args, "--wrap", "sleep 4")
+    running = submit(faults, account, *args, "--wrap", running_gate.wrap)
+    at_epilog = submit(faults, account, *args, "--wrap", epilog_gate.wrap)
     for job in (running, at_epilog):
         faults.box.wait_state(job, "RUNNING", timeout=30)
         faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -450,10 +497,13 @@ def test_both_daemons_killed_at_submit_prolog_running_and_epilog(faults: Faults,
         assert "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy" in err
         release(parked)
         faults.wait_hook("prolog-slurmctld", parked, "ledger unreachable")
+        # The prolog marked it before it exited (held for good once its requeue settles).
+        assert faults.box.scontrol_job(parked)["Comment"].startswith("gpucredit: ledger unreachable")
+        epilog_gate.open()
         faults.wait_hook("epilog-slurmctld", at_epilog, "the bridge will reconcile this run")
-        faults.wait_held(parked)
     finally:
         faults.start_daemon()  # its scan at start releases the parked job: its account can pay
+    running_gate.open()
     for job in (parked, running, at_epilog):
         faults.box.wait_state(job, "COMPLETED", timeout=90)
     faults.wait_hook("epilog-slurmctld", running, "settled hold")
@@ -497,6 +547,11 @@ def test_lost_epilog_is_recovered_by_the_bridge_and_the_sweep(faults: Faults, si
     assert [h.state for job in (bridged, swept) for h in faults.holds(job, account)] == ["active", "expired"]
     holds = faults.check(account, {bridged: PRICES["a100"], swept: PRICES["a100"]}, since)
     assert [h.state for h in holds[bridged]] == ["settled"]
+    # The bridge settled one; the other, expired with nothing charged, it adjusted.
+    assert [faults.money_entries(h.id) for job in (bridged, swept) for h in holds[job]] == [
+        ["settle"],
+        ["adjust"],
+    ]
 
 
 # --------------------------------------------------------------------------- a node killed
@@ -506,8 +561,9 @@ def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
     faults: Faults, since: datetime
 ) -> None:
     account = faults.new_account("10")
+    gate = Gate()
     job = submit(
-        faults, account, "-p", "onprem", "-w", "node2", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 5"
+        faults, account, "-p", "onprem", "-w", "node2", "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap
     )
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -518,12 +574,18 @@ def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
             assert time.monotonic() < deadline, faults.box.scontrol_job(job)
             time.sleep(0.2)
     finally:
-        faults.box.scontrol("update", "nodename=node2", "state=resume")
+        faults.node_back("node2")
+    faults.box.wait_state(job, "RUNNING", timeout=90)  # the requeued run
+    gate.open()
     faults.box.wait_state(job, "COMPLETED", timeout=120)
     rows = sacct_runs(faults.box, job, account)
     assert [r["State"].split()[0] for r in rows] == ["NODE_FAIL", "COMPLETED"]
     holds = faults.check(account, {job: PRICES["h100"]}, since)[job]
     assert [(h.run, h.charged_ucredits == 0) for h in holds] == [(0, True), (1, False)]
+    # Run 0: the epilog's settle then the bridge's refund, or, when the bridge came first,
+    # its settle at 0; run 1: its settle alone.
+    entries = [faults.money_entries(h.id) for h in holds]
+    assert entries in ([["settle", "adjust"], ["settle"]], [["settle"], ["settle"]]), entries
 
 
 # --------------------------------------------------------------------------- meter and bridge killed
@@ -547,7 +609,8 @@ def test_meter_and_bridge_killed_mid_work_change_nothing(faults: Faults, since: 
     """The meter SIGKILLed after a tick and run again; the bridge SIGKILLed while its
     sacct runs (mid-ingest), then run to the end: every charge is still exact once."""
     account = faults.new_account("10")
-    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 5")
+    gate = Gate()
+    job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
     env = {**os.environ, "GPUCREDIT_CONFIG": str(faults.config_path)}
@@ -569,6 +632,7 @@ def test_meter_and_bridge_killed_mid_work_change_nothing(faults: Faults, since: 
         [GPUCREDIT, "bridge", "meter", "--once"], env=env, capture_output=True, text=True, timeout=60
     )
     assert rerun.returncode == 0, rerun.stderr
+    gate.open()
     faults.box.wait_state(job, "COMPLETED", timeout=60)
     faults.wait_hook("epilog-slurmctld", job, "settled hold")
     sacct_runs(faults.box, job, account)  # final in sacct, so the bridge has it to ingest
@@ -633,4 +697,19 @@ def test_database_restarted_amid_a_burst_of_holds_each_run_holds_once(
     for task in tasks:
         faults.wait_hook("epilog-slurmctld", raw[task], "settled hold")
     holds = faults.check(account, dict.fromkeys(tasks, PRICES["a100"]), since)
-    assert all(len([h for h in holds[task] if h.state == "settled"]) == 1 for task in tasks), holds
+    for task in tasks:
+        rows = sacct_runs(faults.box, task, account)
+        seen = [(h.run, h.state, h.charged_ucredits) for h in holds[task]]
+        states = [(r["State"], r["ElapsedRaw"]) for r in rows]
+        # The run that ran holds and settles once. A refused start may still own a hold: its
+        # commit went through as the database went down, so the daemon could not say so
+        # (an in-doubt commit); check() above showed it charged exactly sacct's 0-1 s.
+        assert [h.run for h in holds[task] if h.state == "settled"][-1:] == [len(rows) - 1], (
+            task,
+            seen,
+            states,
+        )
+        assert all(h.run == len(rows) - 1 or is_prolog_refusal(rows[h.run]) for h in holds[task]), (
+            seen,
+            states,
+        )
