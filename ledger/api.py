@@ -113,7 +113,7 @@ from ledger.reports import usage_report
 from ledger.routing import CostLimit, PartitionOption, Route, RoutingConfig, candidate_partitions, route
 from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
-from ledger.totals import AccountTotals, account_totals, last_usage_charge_at, memberships
+from ledger.totals import AccountTotals, account_totals, memberships
 
 __all__ = [
     "ACCRUES_NOW",
@@ -194,7 +194,6 @@ __all__ = [
     "job_history",
     "job_record",
     "journal_entries",
-    "last_usage_charge_at",
     "lease_needs_renewal",
     "lease_overspend_bound",
     "list_active_runs",

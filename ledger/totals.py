@@ -19,10 +19,10 @@ from ledger.accounts import members_t
 from ledger.balance import available_credit
 from ledger.grants import grants_t
 from ledger.holds import holds_t
-from ledger.journal import accounts_t, entries_t
+from ledger.journal import accounts_t
 from ledger.money import UCREDITS_PER_CREDIT
 
-__all__ = ["AccountTotals", "account_totals", "last_usage_charge_at", "memberships"]
+__all__ = ["AccountTotals", "account_totals", "memberships"]
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,3 @@ def memberships(s: Session, user: str | None = None) -> list[tuple[str, str]]:
     if user is not None:
         query = query.where(members_t.c.user == user)
     return [(row.user, row.name) for row in s.execute(query)]
-
-
-def last_usage_charge_at(s: Session) -> datetime | None:
-    """When the newest provisional charge of a still active hold took effect: the meter's
-    last tick that charged anything, as far as the ledger can tell. None when no active
-    hold has been charged yet (no job running, or none running for a whole interval)."""
-    return s.execute(
-        select(func.max(entries_t.c.effective_at))
-        .join(holds_t, holds_t.c.id == entries_t.c.hold_id)
-        .where(holds_t.c.state == "active", entries_t.c.kind == "usage")
-    ).scalar()

@@ -35,6 +35,8 @@ log = logging.getLogger("gpucredit.portal.metrics")
 # The `cursors` row `gpucredit bridge sacct` moves to the end of each window it read
 # (accounting_bridge.ingest.CURSOR_NAME; the portal does not import the bridge).
 SACCT_CURSOR = "sacct"
+# The row `gpucredit bridge meter` moves to each tick's time (accounting_bridge.meter.METER_CURSOR).
+METER_CURSOR = "meter"
 
 Sessions = Callable[[], AbstractContextManager[Session]]
 
@@ -58,7 +60,7 @@ class LedgerCollector:
             with self.sessions() as s:
                 accounts = api.account_totals(s, now)
                 sacct_read_to = jobruns.read_cursor(s, SACCT_CURSOR)
-                last_usage = api.last_usage_charge_at(s)
+                last_tick = jobruns.read_cursor(s, METER_CURSOR)
                 charges = self.charges.read(s)
         except SQLAlchemyError as error:
             self.errors.inc()
@@ -92,13 +94,12 @@ class LedgerCollector:
                 [],
                 [([], (now - sacct_read_to).total_seconds())],
             )
-        if last_usage is not None:
+        if last_tick is not None:
             yield _gauge(
                 "gpucredit_meter_lag_seconds",
-                "Seconds since the newest provisional charge of a running job (the meter's "
-                "last charging tick); absent while no running job has been charged.",
+                "Seconds since the meter's last tick; absent until the meter has ticked once.",
                 [],
-                [([], (now - last_usage).total_seconds())],
+                [([], (now - last_tick).total_seconds())],
             )
 
     def _charges(self, charges: api.ChargeTotals, accounts: list[str]) -> Iterator[Metric]:
