@@ -39,6 +39,7 @@ from ledger.adjustments import Adjustment, adjust_holds
 from ledger.balance import account_summary, balance
 from ledger.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
 from ledger.charge_counter import ChargeCounter, ChargeTotals
+from ledger.checkpoints import CHECKPOINT_EVERY, checkpoint_balances
 from ledger.credit_use import CreditUse, credit_use, parse_share
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
@@ -117,6 +118,7 @@ from ledger.totals import AccountTotals, account_totals, memberships
 
 __all__ = [
     "ACCRUES_NOW",
+    "CHECKPOINT_EVERY",
     "UNKNOWN_SUBMIT",
     "AccountEnforcement",
     "AccountTotals",
@@ -164,6 +166,7 @@ __all__ = [
     "charge_entries",
     "charge_for",
     "charge_usage",
+    "checkpoint_balances",
     "consume",
     "cost_so_far",
     "create_account",

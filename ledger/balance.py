@@ -1,4 +1,10 @@
-"""Balances: "now" from the maintained remainders, any other time from the journal."""
+"""Balances: "now" from the maintained remainders, any other time from the journal.
+
+"Now" reads the account row, its grants with credit left (a partial index: used-up
+grants are not read) and nothing of the journal, so its cost does not grow with history.
+Any other time reads the nearest balance checkpoint and the entries around it
+(ledger/checkpoints.py), never the whole journal.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ledger.checkpoints import sums_at
 from ledger.errors import NotFound
 from ledger.grants import grants_t, load_grants
 from ledger.holds import holds_t
-from ledger.journal import accounts_t, entries_t, postings_t
+from ledger.journal import accounts_t
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 
@@ -40,9 +47,10 @@ def balance(s: Session, account: str, at: datetime | None = None) -> dict[str, A
 
 def _balance_now(s: Session, row: Any, at: datetime) -> dict[str, Any]:
     grants = [g for g in load_grants(s, row.id) if g.active_at(at)]
+    # Earmarked credit is part of the remainder, so only live grants can hold any.
     held = s.execute(
         select(func.coalesce(func.sum(grants_t.c.earmarked_ucredits), 0)).where(
-            grants_t.c.account_id == row.id
+            grants_t.c.account_id == row.id, grants_t.c.remaining_ucredits > 0
         )
     ).scalar_one()
     available = sum(g.free_ucredits for g in grants) - row.debt_ucredits
@@ -57,19 +65,18 @@ def _balance_now(s: Session, row: Any, at: datetime) -> dict[str, Any]:
 
 
 def _balance_from_journal(s: Session, row: Any, at: datetime) -> dict[str, Any]:
-    sums: dict[tuple[int | None, str], int] = {}
-    for grant_id, bucket, total in s.execute(
-        select(postings_t.c.grant_id, postings_t.c.bucket, func.sum(postings_t.c.amount_ucredits))
-        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
-        .where(
-            entries_t.c.account_id == row.id,
-            postings_t.c.account_id == row.id,
-            entries_t.c.effective_at <= at,
-        )
-        .group_by(postings_t.c.grant_id, postings_t.c.bucket)
-    ):
-        sums[(grant_id, bucket)] = int(total)
-    grants = [g for g in load_grants(s, row.id, with_remaining=False) if g.active_at(at)]
+    sums = sums_at(s, row.id, row.entry_count, row.created_at, at)
+    # Only the grants in force at `at` are read: expired ones pile up with history.
+    active_ids = set(
+        s.execute(
+            select(grants_t.c.id).where(
+                grants_t.c.account_id == row.id,
+                grants_t.c.effective_at <= at,
+                grants_t.c.expires_at.is_(None) | (grants_t.c.expires_at > at),
+            )
+        ).scalars()
+    )
+    grants = [g for g in load_grants(s, row.id, with_remaining=False, ids=active_ids) if g.active_at(at)]
     debt = -sums.get((None, "debt"), 0)
     held = sum(v for (_g, bucket), v in sums.items() if bucket == "held")
     available = sum(sums.get((g.id, "available"), 0) for g in grants) - debt

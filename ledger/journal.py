@@ -242,7 +242,10 @@ class VerifyReport:
 
 
 def verify(s: Session) -> VerifyReport:
-    """Recompute every chain and every projection from the journal; report each mismatch."""
+    """Recompute every chain, every projection and every balance checkpoint from the
+    journal; report each mismatch."""
+    from ledger.checkpoints import verify_checkpoints  # it reads the journal's tables
+
     report = VerifyReport()
     accounts = s.execute(
         select(accounts_t).where(accounts_t.c.kind == "customer").order_by(accounts_t.c.id)
@@ -250,6 +253,7 @@ def verify(s: Session) -> VerifyReport:
     for acct in accounts:
         report.accounts += 1
         _verify_account(s, acct, report)
+        report.problems.extend(verify_checkpoints(s, acct.id, acct.name))
     return report
 
 
