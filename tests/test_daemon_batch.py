@@ -255,3 +255,37 @@ def test_a_database_failure_under_a_batch_commits_none_of_it(pg_url: str, tx_pg,
     with tx_pg() as s:
         assert api.balance(s, "physics")["available"] == "9.20"
         assert api.balance(s, "chem")["available"] == "12.80"
+
+
+def test_a_batch_whose_batched_path_fails_is_redone_one_request_at_a_time(served, tx, sockdir: Path) -> None:
+    """The batched path writes, then fails: none of what it wrote stays, and every
+    request is applied once, on its own, with its own answer."""
+    daemon, client, gate = served
+    assert client.call("hold", **job(4, "physics", {"h100": 1}))["amount"] == "3.60"
+    fast = daemon.batches.fast
+    assert fast is not None
+
+    def fast_then_broken(s: Any, batch: Any, locked: Any) -> Any:
+        answers = fast(s, batch, locked)
+        if len(batch) > 1:
+            raise RuntimeError("a bug in the batched path")
+        return answers
+
+    daemon.batches.fast = fast_then_broken
+    gate.close()
+    calls = Calls(daemon, sockdir / "daemon.sock")
+    calls.queue("hold", job(90, "chem", {"h100": 1}), gate)
+    calls.queue("hold", job(2, "physics", {"h100": 1}))
+    calls.queue("settle", settle(4, "2026-12-02T10:30:00Z"))
+    calls.queue("hold", job(3, "physics", {"h100": 4}, seconds=7200))  # 28.80: refused
+    gate.open()
+    lone, fits, settled, short = calls.join()  # applied in the order they came
+    assert (lone["amount"], fits["amount"], settled["charged"]) == ("3.60", "3.60", "1.80")
+    assert isinstance(short, DaemonRefused) and short.code == "insufficient_credits"
+    assert short.message == (
+        "account physics: this job needs 28.80 credits (h100:4 for 7200 s) but 14.60 are available"
+    )
+    assert figures(tx, "physics") == ("14.60", "3.60")  # 20 - 3.60 held - 1.80 charged
+    with tx() as s:
+        assert sorted(h.job_id for h in api.list_holds(s)) == [2, 4, 90]
+        assert api.verify(s).ok

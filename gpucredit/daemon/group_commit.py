@@ -4,11 +4,14 @@ A commit costs a round trip and a WAL flush whatever it holds, so one transactio
 hook request caps the daemon at what the database commits per second. Requests queue
 here; the writer takes everything waiting (at most `batch_max`) as one batch, locks
 the batch's accounts in id order (so two lockers never wait on each other in a cycle),
-and runs each request inside its own SAVEPOINT: a refusal, bad input or any error of
-one request rolls back that request alone and is answered to it alone, while the
-others commit together. A lone request never waits for company: the writer flushes
-as soon as the queue is empty (classic group commit; batches grow only while the
-previous one is being written).
+and hands the batch to `fast`, which reads and writes all it can in a few multi-row
+statements, refusing what must be refused before anything is written (so a refusal
+costs its neighbours nothing). What `fast` leaves (repeats, limits, odd requests) runs
+one request at a time, each in its own SAVEPOINT: a refusal or error of one rolls back
+that request alone and is answered to it alone. Should `fast` itself fail, its whole
+transaction is rolled back and the batch redone one request at a time. A lone request
+never waits for company: the writer flushes as soon as the queue is empty (classic
+group commit; batches grow only while the previous one is being written).
 
 When the database fails under the batch (a restart, a killed connection, a failed
 COMMIT) nothing of it commits and every request in it is answered `BatchFailed`,
@@ -44,6 +47,10 @@ DEFAULT_BATCH_MAX = 64
 
 class BatchFailed(Exception):
     """The database failed under the batch: nothing of it was committed; retry."""
+
+
+class _FastPathFailed(Exception):
+    """The batched path raised: its transaction is rolled back and the batch redone."""
 
 
 class Pending:
@@ -140,6 +147,10 @@ class GroupCommitter:
                 batch.append(item)
             try:
                 self.apply(batch)
+            except Exception as error:  # never leave the queue without its writer
+                log.exception("the writer failed on a batch of %d", len(batch))
+                for pending in batch:
+                    pending.result, pending.error = None, BatchFailed(repr(error))
             finally:
                 for pending in batch:
                     pending.done.set()
@@ -152,10 +163,14 @@ class GroupCommitter:
             self.batches += 1
             self.requests += len(batch)
         try:
-            with self.sessions() as s, s.begin():
-                prepared = None if self.prepare is None else self.prepare(s, batch)
-                for pending in self._apply_fast(s, batch, prepared):
-                    self._apply_one(s, pending)
+            try:
+                self._write(batch, fast=self.fast is not None)
+            except _FastPathFailed:
+                # Nothing of that transaction stayed; the requests go one by one in a new one.
+                log.exception("the batched path failed; applying %d requests one at a time", len(batch))
+                for pending in batch:
+                    pending.result, pending.error = None, None
+                self._write(batch, fast=False)
         except SQLAlchemyError as error:
             log.error(
                 "ledger database failed under a batch of %d; none of it committed: %s",
@@ -166,26 +181,22 @@ class GroupCommitter:
                 pending.result = None
                 pending.error = BatchFailed(str(error))
 
-    def _apply_fast(self, s: Session, batch: Sequence[Pending], prepared: Any) -> list[Pending]:
-        """Run the fast path in a savepoint of its own; return the requests it left.
-        Should it fail, it undoes everything it did and leaves every request."""
-        if self.fast is None:
-            return list(batch)
-        try:
-            with s.begin_nested():
-                answers = self.fast(s, batch, prepared)
-        except Exception as error:
-            if isinstance(error, SQLAlchemyError) and not _still_usable(s):
-                raise
-            log.exception("the batched path failed; applying %d requests one at a time", len(batch))
-            return list(batch)
-        left = []
-        for pending, answer in zip(batch, answers, strict=True):
-            if answer is None:
-                left.append(pending)
-            else:
-                pending.result, pending.error = answer
-        return left
+    def _write(self, batch: Sequence[Pending], *, fast: bool) -> None:
+        with self.sessions() as s, s.begin():
+            prepared = None if self.prepare is None else self.prepare(s, batch)
+            left = list(batch)
+            if fast:
+                assert self.fast is not None
+                try:  # no savepoint of its own: should it fail, the whole transaction goes
+                    answers = list(self.fast(s, batch, prepared))
+                    left = [pending for pending, answer in zip(batch, answers, strict=True) if answer is None]
+                    for pending, answer in zip(batch, answers, strict=True):
+                        if answer is not None:
+                            pending.result, pending.error = answer
+                except Exception as error:
+                    raise _FastPathFailed() from error
+            for pending in left:
+                self._apply_one(s, pending)
 
     def _apply_one(self, s: Session, pending: Pending) -> None:
         try:
