@@ -743,9 +743,9 @@ class _Background:
     account, each locking that account alone, so none waits on another) in a few more:
     most of their time is round trips, which then overlap. (Reads stay in the planning
     thread: a reader thread only fought it for the interpreter lock.) On SQLite (one
-    writer) each runs at once, in order. `outcomes()` starts the money
-    still queued, waits for everything and yields the outcomes in submission order; an
-    error in any is raised there.
+    writer) each runs at once, in order. `outcomes()` starts the money still queued,
+    waits for everything and yields the outcomes in submission order; an error in any
+    is raised there.
     """
 
     def __init__(self, concurrent: bool, move: _MoveMoney) -> None:
