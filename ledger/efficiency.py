@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from ledger.accrual import seconds_run
 from ledger.errors import InvalidInput
 from ledger.holds import holds_t
 from ledger.journal import accounts_t
@@ -158,7 +159,10 @@ class _Group:
 def _runs(
     s: Session, account: str | None, user: str | None, start: datetime | None, end: datetime | None
 ) -> dict[RunKey, _Run]:
-    """Every job run in range: from holds, overridden by Slurm's record where ingested."""
+    """Every job run in range: from holds, overridden by Slurm's record where ingested.
+    A running job counts the seconds its cost so far is read to (ledger.accrual): the
+    meter no longer posts a charge per tick, so its charged seconds lag."""
+    now = utcnow()
     runs: dict[RunKey, _Run] = {}
     holds = (
         select(
@@ -168,10 +172,19 @@ def _runs(
             holds_t.c.user,
             holds_t.c.gpus,
             holds_t.c.charged_seconds,
+            holds_t.c.state,
+            holds_t.c.started_at,
+            holds_t.c.limit_seconds,
+            holds_t.c.accrues_to_seconds,
             accounts_t.c.name.label("account"),
         )
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-        .where(holds_t.c.charged_seconds > 0)
+        .where(
+            or_(
+                holds_t.c.charged_seconds > 0,
+                and_(holds_t.c.state == "active", holds_t.c.accrues_to_seconds.is_not(None)),
+            )
+        )
     )
     slurm = select(job_runs_t).where(job_runs_t.c.elapsed_seconds > 0)
     if account is not None:
@@ -187,9 +200,14 @@ def _runs(
         holds = holds.where(holds_t.c.started_at < end)
         slurm = slurm.where(job_runs_t.c.start_at < end)
     for row in s.execute(holds):
-        runs[(row.cluster, row.job_id, row.run)] = _Run(
-            row.account, row.user, parse_pairs(row.gpus), row.charged_seconds
-        )
+        seconds = row.charged_seconds
+        if row.state == "active" and row.accrues_to_seconds is not None:
+            run_so_far = seconds_run(row.started_at, row.limit_seconds, now)
+            seconds = max(seconds, min(run_so_far, row.accrues_to_seconds))
+        if seconds > 0:
+            runs[(row.cluster, row.job_id, row.run)] = _Run(
+                row.account, row.user, parse_pairs(row.gpus), seconds
+            )
     for row in s.execute(slurm):
         runs[(row.cluster, row.job_id, row.run)] = _Run(
             row.account, row.user, parse_pairs(row.gpus), row.elapsed_seconds

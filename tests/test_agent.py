@@ -280,3 +280,24 @@ def test_report_efficiency_cli(measured, gc) -> None:
     plain = gc("report", "--by", "gres", "--format", "csv").output
     assert plain.splitlines()[0] == "gres,charged,gpu_seconds,jobs"
     assert "cannot group by 'job'" in gc("report", "--by", "job", code=2).stderr
+
+
+def test_efficiency_counts_a_running_job_to_where_the_meter_saw_it(measured) -> None:
+    """The meter posts no charge per tick any more: a running job's allocated seconds are
+    those its cost so far is read to, not its (still zero) charged seconds."""
+    tx = measured
+    with tx() as s:
+        h = api.create_hold(
+            s,
+            "physics",
+            user="alice",
+            job_id=102,
+            gpus="a100:2",
+            seconds=3600,
+            cluster="lab",
+            at=datetime(2026, 11, 2, tzinfo=UTC),
+        )
+    assert report(tx, "job")[2:] == []  # the meter has not seen it run
+    with tx() as s:
+        api.set_accrual(s, [(h.id, 45)])  # last seen running 45 s in
+    assert report(tx, "job")[2] == ("lab/102/0", 1, 90, 0, 0, "0.000")
