@@ -1,7 +1,8 @@
 """Fleet simulator: a month of a GPU fleet in simulated time, against the real ledger.
 
     .venv/bin/python -m bench.simulate [--config small|medium|full] [--store sqlite|postgres]
-                                       [--seed N] [--policy reject|accept] [--json]
+                                       [--seed N] [--policy reject|accept]
+                                       [--mode full|lease] [--json]
 
 Discrete-event, simulated time: nodes of several GPU types, accounts whose grants
 start and expire, limits and caps, job arrivals, node and agent failures, ledger
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", choices=("reject", "accept"), default=None)
+    parser.add_argument("--mode", choices=("full", "lease"), default=None, help="holds.mode")
     parser.add_argument("--jobs", type=int, default=None, help="override the configuration's job count")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     config = CONFIGS[args.config]
     if args.policy:
         config = config.with_(policy=args.policy)
+    if args.mode:
+        config = config.with_(mode=args.mode)
     if args.jobs is not None:
         if args.jobs < 1:
             parser.error("--jobs must be at least 1")

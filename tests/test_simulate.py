@@ -131,6 +131,15 @@ def test_policy_accept_charges_unreserved_runs_exactly(tmp_path: Path) -> None:
         assert parse_credits(row["bound"]) >= 3 * parse_credits("200"), row
 
 
+def test_lease_mode_books_are_exact_and_bounded(tmp_path: Path) -> None:
+    report = simulate(TINY.with_(mode="lease"), f"sqlite:///{tmp_path / 'ledger.db'}", seed=SEED)
+    _assert_books_right(report)
+    assert report["config"]["lease_seconds"] == 4 * TINY.meter_interval_seconds
+    # The meter renewed leases, and its outages count in the ledger's bound.
+    assert report["throughput"]["ops"]["lease_renewal"] >= 1
+    assert report["overspend"]["bound_rule"].startswith("ledger.bounds")
+
+
 def test_postgres_books_are_exact(pg_url: str) -> None:
     _assert_books_right(simulate(TINY, pg_url, seed=SEED))
 

@@ -233,7 +233,7 @@ class Simulation:
             None if self.config.outage_line_fleet is None else parse_credits(self.config.outage_line_fleet),
         )
         self.ledger_config = {
-            "holds": {"mode": "full"},
+            "holds": {"mode": self.config.mode, "lease_seconds": self.config.lease_window_seconds},
             "meter": {"interval_seconds": self.config.meter_interval_seconds},
             "policy": {
                 "on_ledger_unreachable": self.config.policy,
@@ -460,11 +460,35 @@ class Simulation:
         }
         try:
             with self._op("hold") as s:
-                hold = hook_service.hold(s, request, grace_seconds=GRACE_SECONDS)
+                if self.config.mode == "lease":
+                    hold_id = self._lease_hold(s, job)
+                else:
+                    hold_id = int(hook_service.hold(s, request, grace_seconds=GRACE_SECONDS)["id"])
         except LedgerError as error:
             self._refused(job, node, error.code)
             return
-        self._start(job, node, hold_id=int(hold["id"]))
+        self._start(job, node, hold_id=hold_id)
+
+    def _lease_hold(self, s: Session, job: Job) -> int:
+        """Lease mode's hold: the daemon's `hold` takes no lease window yet, so the
+        simulator asks the ledger for the same hold with one (`api.create_hold`)."""
+        spec = job.spec
+        return api.create_hold(
+            s,
+            spec.account,
+            user=spec.user,
+            job_id=spec.job_id,
+            gpus={spec.gpu_type: spec.gpus},
+            seconds=spec.limit_seconds,
+            cluster=CLUSTER,
+            run=job.run,
+            partition=PARTITION,
+            at=at(self.now),
+            grace_seconds=GRACE_SECONDS,
+            started_at=at(self.now),
+            submitted_at=at(job.submit),
+            lease_seconds=self.config.lease_window_seconds,
+        ).id
 
     def _within_lines(self, spec: JobSpec) -> bool:
         """The hooks' outage credit lines: admit a run while the spooled estimates
@@ -638,6 +662,7 @@ class Simulation:
         self.books.ops["meter_charge"] += report.charged
         self.books.ops["meter_tx"] += report.accounts
         self.books.ops["meter_expired_hold"] += len(report.expired)
+        self.books.ops["lease_renewal"] += getattr(report, "renewed", 0)
         self.books.meter_errors.extend(report.errors)
         cancels, self._cancels = self._cancels, []
         for job_id in cancels:
@@ -774,17 +799,20 @@ class Simulation:
             return
         if fault.kind in ("daemon", "database", "partition"):
             self._outage_bound(fault.seconds)
+        elif fault.kind == "meter" and self.config.mode == "lease":
+            self._outage_bound(fault.seconds, hooks_up=True)  # leases go unrenewed meanwhile
         self.down[fault.kind] += 1
         self._push(self.now + fault.seconds, "recover", fault)
 
-    def _outage_bound(self, seconds: int) -> None:
+    def _outage_bound(self, seconds: int, *, hooks_up: bool = False) -> None:
         """What `gpucredit policy bound --outage D` says as the outage begins (ledger.bounds),
-        added to each account's bound; without it in this ledger, reject's 0 only."""
+        added to each account's bound; without it in this ledger, reject's 0 only.
+        `hooks_up`: only the meter is away (the hooks admit nothing unreserved)."""
         bounds = self.books.outage_bounds
         current = getattr(api, "current_outage_bound", None)
         names = [a.name for a in self.workload.accounts]
         if current is None:
-            self.books.outage_bound_source = "0 for full + reject (ledger.bounds not available)"
+            self.books.outage_bound_source = "0 for reject (ledger.bounds not available)"
             for name in names:
                 if self.config.policy == "reject":
                     bounds.setdefault(name, 0)
@@ -792,8 +820,11 @@ class Simulation:
                     bounds[name] = None
             return
         self.books.outage_bound_source = "ledger.bounds (gpucredit policy bound), summed over the outages"
+        config = self.ledger_config
+        if hooks_up:
+            config = {**config, "policy": {"on_ledger_unreachable": "reject"}}
         with self._op("read") as s:
-            bound = current(s, self.ledger_config, seconds, at(self.now))
+            bound = current(s, config, seconds, at(self.now))
         by_account = {row.account: row.bound_ucredits for row in bound.accounts}
         for name in names:
             value = by_account.get(name, bound.other_accounts.bound_ucredits)

@@ -39,6 +39,8 @@ class Config:
     # Budget as a share of what an account's jobs would cost: below 1 runs dry.
     budget_range: tuple[float, float] = (0.7, 1.6)
     policy: str = "reject"  # policy.on_ledger_unreachable
+    mode: str = "full"  # holds.mode; a lease is lease_seconds, or 4 meter intervals when 0
+    lease_seconds: int = 0
     # Under accept, the hooks admit runs during an outage up to these lines (credits).
     outage_line_per_account: str | None = "200"
     outage_line_fleet: str | None = "1000"
@@ -70,6 +72,12 @@ class Config:
 
     def with_(self, **changes: object) -> Config:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def lease_window_seconds(self) -> int | None:
+        if self.mode != "lease":
+            return None
+        return self.lease_seconds or 4 * self.meter_interval_seconds
 
     @property
     def gpus(self) -> int:
