@@ -13,7 +13,7 @@ Two paths are measured:
   Prints cycles/s, p50/p99 latency per request and the ratio to pgbench.
 - direct: N processes calling the ledger functions, one transaction per call.
 
-    .venv/bin/python -m bench.ledger_throughput [--clients 16] [--workers 4] [--seconds 15] [--profile]
+    .venv/bin/python -m bench.ledger_throughput [--clients 64] [--workers 4] [--seconds 15] [--profile]
 
 `--profile` also profiles the daemon's writer applying batches of holds and settles
 (the same GroupCommitter code, in this process, without the socket).
@@ -320,7 +320,8 @@ def profile(database: str, cycles: int, batch: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=16, help="daemon clients (hook processes at once)")
+    # 64 hook processes at once: a burst of job starts and ends on a busy controller.
+    parser.add_argument("--clients", type=int, default=64, help="daemon clients (hook processes at once)")
     parser.add_argument("--workers", type=int, default=4, help="direct-to-ledger processes")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--batch-max", type=int, default=64, help="the daemon's daemon.batch_max")
