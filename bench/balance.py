@@ -77,7 +77,7 @@ class History:
             self._chunk(min(CHUNK, target - self.entries))
             if self.entries > 2 * analysed:  # as autovacuum would, for the planner's estimates
                 with self.factory() as s, s.begin():
-                    s.execute(text("ANALYZE entries, postings, balance_checkpoints"))
+                    s.execute(text("ANALYZE"))
                 analysed = self.entries
 
     def _chunk(self, size: int) -> None:

@@ -281,29 +281,30 @@ def checkpoint_balances(
     taken_at = utcnow()
     at = at or taken_at - CHECKPOINT_LAG
     result: dict[str, Any] = {"account": account, "at": format_time(at), "written": False, "reissued": 0}
-    latest = _latest_versions(s, acct.id)
-    if every is not None and latest and at - max(v.as_of for v in latest) < every:
+    newest = s.execute(
+        select(func.max(checkpoints_t.c.as_of)).where(
+            checkpoints_t.c.account_id == acct.id, checkpoints_t.c.grant_id.is_(None)
+        )
+    ).scalar_one()
+    if every is not None and newest is not None and at - newest < every:
         return result
     now_seq = acct.entry_count
     last_seq = _last_seq(s, acct.id)
-    versions = {v.as_of: v for v in latest}
-    if last_seq is not None and now_seq > last_seq and latest:
-        late = _late_postings(s, acct.id, last_seq, now_seq, latest[-1].as_of)
+    if newest is not None and last_seq is not None and now_seq > last_seq:
+        late = _late_postings(s, acct.id, last_seq, now_seq, newest)
         if late:
             first = min(effective_at for effective_at, *_leg in late)
-            for version in [v for v in latest if v.as_of >= first]:
+            for version in _latest_versions(s, acct.id, since=first):
                 sums = _version_rows(s, acct.id, version)
                 for effective_at, grant_id, bucket, amount in late:
                     if effective_at <= version.as_of:
                         _add(sums, {(grant_id, bucket): amount})
-                fresh = Version(version.as_of, now_seq)
-                _write(s, acct.id, fresh, sums, taken_at)
-                versions[version.as_of] = fresh
+                _write(s, acct.id, Version(version.as_of, now_seq), sums, taken_at)
                 result["reissued"] += 1
     result["through_seq"] = now_seq
-    if at in versions:
-        return result
-    base = max((v for v in versions.values() if v.as_of < at), key=lambda v: v.as_of, default=None)
+    base = _nearest(s, acct.id, at, now_seq, after=False)  # re-versioned above if need be
+    if base is not None and base.as_of == at:
+        return result  # already taken, and right by the invariant
     if base is None:
         sums = journal_sums(s, acct.id, entries_t.c.effective_at <= at, entries_t.c.seq <= now_seq)
     else:

@@ -61,6 +61,15 @@ def test_a_late_entry_before_a_checkpoint_counts_at_every_later_time(tx: Any) ->
         shown = [api.balance(s, "physics", START + h * HOUR)["available"] for h in (1, 2, 4, 6)]
         assert shown == ["90.00", "90.00", "85.00", "85.00"]
         assert api.verify(s).ok
+    with tx() as s:  # late again, between the checkpoints: only the later two change
+        api.consume(s, "physics", "1", at=START + 3 * HOUR)
+        api.consume(s, "physics", "2", at=START + 5 * HOUR)
+    with tx() as s:
+        assert checkpoint_balances(s, "physics", START + 7 * HOUR)["reissued"] == 2
+    with tx() as s:
+        shown = [api.balance(s, "physics", START + h * HOUR)["available"] for h in (2, 3, 4, 5, 6, 7)]
+        assert shown == ["90.00", "84.00", "84.00", "82.00", "82.00", "82.00"]
+        assert api.verify(s).ok
 
 
 def test_held_credit_and_debt_at_past_times_from_checkpoints(tx: Any) -> None:
