@@ -289,3 +289,15 @@ def test_a_batch_whose_batched_path_fails_is_redone_one_request_at_a_time(served
     with tx() as s:
         assert sorted(h.job_id for h in api.list_holds(s)) == [2, 4, 90]
         assert api.verify(s).ok
+
+
+def test_in_lease_mode_the_hooks_holds_cover_the_window(served, tx) -> None:
+    """holds.mode = "lease": the batched path and the one-at-a-time path (an account with
+    limits) both hold the window's cost, not the time limit's; a job shorter than the
+    window is held in full."""
+    daemon, client, _gate = served
+    daemon.lease_seconds = 900  # as [holds] mode = "lease", lease_seconds = 900 sets it
+    assert client.call("hold", **job(1, "physics", {"h100": 1}, seconds=7200))["amount"] == "0.90"
+    assert client.call("hold", **job(2, "capped", {"h100": 1}, seconds=7200))["amount"] == "0.90"
+    assert client.call("hold", **job(3, "physics", {"h100": 1}, seconds=600))["amount"] == "0.60"
+    assert figures(tx, "physics") == ("18.50", "1.50")

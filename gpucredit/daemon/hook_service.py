@@ -25,13 +25,18 @@ log = logging.getLogger("gpucredit.daemon")
 Runner = Callable[[list[str]], str]
 
 
-def hold(s: Session, request: Mapping[str, Any], *, grace_seconds: int) -> dict[str, Any]:
-    """Reserve credit for one run, idempotently on (cluster, job_id, run)."""
-    account, arguments = _hold_arguments(request, grace_seconds)
+def hold(
+    s: Session, request: Mapping[str, Any], *, grace_seconds: int, lease_seconds: int | None = None
+) -> dict[str, Any]:
+    """Reserve credit for one run, idempotently on (cluster, job_id, run); with
+    `lease_seconds` (holds.mode = "lease") the hold covers that window (ledger.leases)."""
+    account, arguments = _hold_arguments(request, grace_seconds, lease_seconds)
     return api.create_hold(s, account, **arguments).as_dict()
 
 
-def _hold_arguments(request: Mapping[str, Any], grace_seconds: int) -> tuple[str, dict[str, Any]]:
+def _hold_arguments(
+    request: Mapping[str, Any], grace_seconds: int, lease_seconds: int | None = None
+) -> tuple[str, dict[str, Any]]:
     """The prolog's request as `create_hold`'s account and keyword arguments."""
     seconds = request.get("seconds")
     if seconds is None:
@@ -55,6 +60,7 @@ def _hold_arguments(request: Mapping[str, Any], grace_seconds: int) -> tuple[str
         submitted_at=_time(request.get("submit")),
         grace_seconds=grace_seconds,
         output_path=request.get("stdout") or None,
+        lease_seconds=lease_seconds,
     )
 
 
@@ -90,6 +96,7 @@ def apply_batch(
     requests: Sequence[tuple[str, Mapping[str, Any]]],
     *,
     grace_seconds: int,
+    lease_seconds: int | None = None,
     locked: dict[int, api.LockedAccount] | None = None,
 ) -> list[Answer | None]:
     """The group commit's fast path: a batch's settles, then its holds, each set written in a
@@ -104,7 +111,7 @@ def apply_batch(
                 attempt = (str(request["cluster"]), int(request["job_id"]), _time(request.get("submit")))
                 settles.append((i, attempt, request))
             elif op == "hold":
-                holds.append((i, _hold_arguments(request, grace_seconds)))
+                holds.append((i, _hold_arguments(request, grace_seconds, lease_seconds)))
         except LedgerError as error:
             answers[i] = (None, error)
         except (KeyError, TypeError, ValueError):

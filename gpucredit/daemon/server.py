@@ -84,6 +84,10 @@ class Daemon:
         self.sessions = make_sessionmaker(self.engine)
         self.run = runner or SubprocessRunner(config["slurm"]["bin_dir"], timeout_seconds=10.0)
         self.grace_seconds = int(config["holds"]["grace_seconds"])
+        # Lease mode: a hold covers this window of the time limit and the meter renews it.
+        self.lease_seconds = (
+            int(config["holds"]["lease_seconds"]) if config["holds"]["mode"] == "lease" else None
+        )
         self.top_up_hint = top_up_hint(config)
         self.slurm_facts = SlurmFacts(self.run, float(config["daemon"]["slurm_refresh_seconds"]))
         # Routing and the credit warning (docs/routing.md); bad values stop the daemon at start.
@@ -102,7 +106,9 @@ class Daemon:
         self.batches = GroupCommitter(
             self.sessions,
             {
-                "hold": lambda s, request: service.hold(s, request, grace_seconds=self.grace_seconds),
+                "hold": lambda s, request: service.hold(
+                    s, request, grace_seconds=self.grace_seconds, lease_seconds=self.lease_seconds
+                ),
                 "settle": service.settle,
             },
             batch_max=config["daemon"]["batch_max"],
@@ -110,7 +116,11 @@ class Daemon:
             writers=1 if self.engine.dialect.name == "sqlite" else config["daemon"]["writers"],
             prepare=_lock_batch_accounts,
             fast=lambda s, batch, locked: service.apply_batch(
-                s, [(p.op, p.request) for p in batch], grace_seconds=self.grace_seconds, locked=locked
+                s,
+                [(p.op, p.request) for p in batch],
+                grace_seconds=self.grace_seconds,
+                lease_seconds=self.lease_seconds,
+                locked=locked,
             ),
         )
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
