@@ -9,9 +9,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
+from sqlalchemy.exc import DBAPIError
 
 from ledger import api
 from ledger.checkpoints import checkpoint_balances, checkpoints_t, scan_sums, sums_at
@@ -203,3 +205,18 @@ def test_audit_checkpoint_and_the_sweep_take_checkpoints_that_verify_accepts(db_
         assert gc("audit", "verify").output == "ok: 1 accounts, 3 entries, 0 problems\n"
     finally:
         dispose_engine(db_url)
+
+
+def test_checkpoints_are_append_only_in_the_database(tx: Any) -> None:
+    with tx() as s:
+        _setup(s, "physics")
+        api.topup(s, "physics", "10", effective_at=START, at=START)
+        checkpoint_balances(s, "physics", START + HOUR)
+    for statement in (
+        "UPDATE balance_checkpoints SET amount_ucredits = 0",
+        "DELETE FROM balance_checkpoints",
+    ):
+        with pytest.raises(DBAPIError, match="append-only"), tx() as s:
+            s.execute(text(statement))
+    with tx() as s:
+        assert api.balance(s, "physics", START + HOUR)["available"] == "10.00"
