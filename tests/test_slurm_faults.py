@@ -141,9 +141,8 @@ def private_pg() -> Iterator[PrivatePostgres]:
         upgrade(engine)
         engine.dispose()
         yield pg
-    finally:
-        if pg.answers():
-            pg.stop()
+    finally:  # never leave it running: the next session's cluster would find the port taken
+        pg._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(pg.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(pg.root, ignore_errors=True)
 
 
@@ -195,7 +194,8 @@ class Faults(Cluster):
 
     def start_database(self) -> None:
         assert self.pg is not None
-        assert self.pg.start() is None
+        problem = self.pg.start()
+        assert problem is None, problem
         deadline = time.monotonic() + 30
         while not self.pg.answers():
             assert time.monotonic() < deadline, "private PostgreSQL did not come back"
@@ -217,7 +217,9 @@ class Faults(Cluster):
             found = [line for line in self.hook_lines(hook, job) if contains in line]
             if found:
                 return found[-1]
-            assert time.monotonic() < deadline, (hook, job, contains, self.hook_lines(hook, job))
+            if time.monotonic() > deadline:
+                job_text = run(["/usr/bin/scontrol", "show", "job", str(job)], check=False).stdout
+                raise AssertionError(f"{hook} {job} {contains!r}: {self.hook_lines(hook, job)}\n{job_text}")
             time.sleep(0.1)
 
     def wait_held(self, job: int, timeout: float = 60) -> dict[str, str]:
@@ -332,6 +334,7 @@ def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]
         if not private_pg.answers():
             c.start_database()
         c.stop_daemon()
+        shutil.copyfile(private_pg.root / "log", RUN_DIR / "postgres.log")  # for a failure's story
         for job in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
             job_id, _sep, account = job.partition("|")
             if account in c.accounts:
