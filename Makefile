@@ -36,8 +36,16 @@ typecheck: venv
 test: venv lint typecheck
 	$(BIN)/python -m pytest
 
+# Each bench ends with its rows of the performance table, one `goal  ...` line per
+# figure (bench/goals.py): `make bench 2>&1 | grep '^goal '` is the table. The hooks'
+# bench needs root and the Slurm box (`make slurm-up`); BENCH_SLURM=0 skips it.
+BENCH_SLURM ?= 1
 bench: venv
 	$(BIN)/python -m bench.ledger_throughput
+	$(BIN)/python -m bench.meter_tick --holds 20000,50000 --workers 1
+	$(BIN)/python -m bench.bridge --runs 100000
+	$(BIN)/python -m bench.balance
+	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
 	$(BIN)/python -m bench.portal_load
 
 clean:
