@@ -10,7 +10,9 @@ parameters whatever their number. SQLite runs executemany in-process, already fa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Column, Table, insert, update
@@ -18,7 +20,45 @@ from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["insert_rows", "update_rows"]
+__all__ = ["deferred_writes", "insert_rows", "select_many", "update_rows"]
+
+_DEFERRED = "ledger.bulk.deferred"
+
+
+@contextmanager
+def deferred_writes(s: Session) -> Iterator[None]:
+    """On PostgreSQL, hold back the `insert_rows` (without `returning`) and `update_rows`
+    of this block and send them together, in order, in one psycopg pipeline when it ends:
+    one round trip for the whole write phase of a batch instead of one per statement.
+
+    Statements that return rows still run at once, so a deferred write must not be one a
+    later read in the block depends on. On error nothing queued is sent (the caller's
+    transaction is rolled back anyway). Elsewhere (SQLite) writes run as they come.
+    """
+    if s.get_bind().dialect.name != "postgresql" or _DEFERRED in s.info:
+        yield
+        return
+    queued: list[tuple[str, dict[str, Any]]] = []
+    s.info[_DEFERRED] = queued
+    try:
+        yield
+    finally:
+        del s.info[_DEFERRED]
+    if queued:
+        # The session's own connection, inside its transaction.
+        driver = s.connection().connection.driver_connection
+        assert driver is not None
+        with driver.pipeline(), driver.cursor() as cursor:
+            for sql, params in queued:
+                cursor.execute(sql, params)
+
+
+def _send(s: Session, sql: str, params: dict[str, Any]) -> None:
+    queued = s.info.get(_DEFERRED)
+    if queued is None:
+        s.connection().exec_driver_sql(sql, params)
+    else:
+        queued.append((sql, params))
 
 
 def _unnest(s: Session, rows: Sequence[dict[str, Any]]) -> bool:
@@ -53,7 +93,7 @@ def insert_rows(
     if not rows:
         return []
     names = list(rows[0])
-    if not _unnest(s, rows):
+    if not _unnest(s, rows) and (returning or _DEFERRED not in s.info):
         if not returning:
             s.execute(insert(table), list(rows))
             return []
@@ -68,7 +108,7 @@ def insert_rows(
     if returning:
         sql += f" RETURNING {', '.join(quote(n) for n in returning)}"
         return list(s.connection().exec_driver_sql(sql, params))
-    s.connection().exec_driver_sql(sql, params)
+    _send(s, sql, params)
     return []
 
 
@@ -78,7 +118,7 @@ def update_rows(s: Session, table: Table, keys: Sequence[str], rows: Sequence[di
         return
     names = list(rows[0])
     values = [n for n in names if n not in keys]
-    if not _unnest(s, rows):
+    if not _unnest(s, rows) and _DEFERRED not in s.info:
         statement = (
             update(table)
             .where(*(table.c[k] == _bindparam(f"k_{k}") for k in keys))
@@ -96,4 +136,69 @@ def update_rows(s: Session, table: Table, keys: Sequence[str], rows: Sequence[di
         f"FROM unnest({', '.join(casts)}) AS v({', '.join(quote(n) for n in names)}) "
         f"WHERE {' AND '.join(f'{target}.{quote(k)} = v.{quote(k)}' for k in keys)}"
     )
-    s.connection().exec_driver_sql(sql, params)
+    _send(s, sql, params)
+
+
+class _Row(tuple):
+    """A fetched row read by column name, as SQLAlchemy's rows are (`row.id`, `row._mapping`)."""
+
+    _fields: tuple[str, ...] = ()
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(zip(self._fields, self, strict=True))
+
+
+def _row_class(fields: tuple[str, ...]) -> type[_Row]:
+    attributes: dict[str, Any] = {"_fields": fields, "__slots__": ()}
+    for i, name in enumerate(fields):
+        attributes[name] = property(itemgetter(i))
+    return type("Row", (_Row,), attributes)
+
+
+# Per statement object: (SQL text, the row class, each column's result processor).
+_COMPILED: dict[Any, tuple[str, dict[str, Any], type[_Row], list[Any]]] = {}
+
+
+def _compiled(s: Session, statement: Any) -> tuple[str, dict[str, Any], type[_Row], list[Any]]:
+    found = _COMPILED.get(statement)
+    if found is None:
+        dialect = s.get_bind().dialect
+        compiled = statement.compile(dialect=dialect)
+        columns = compiled._result_columns
+        processors = [c.type._cached_result_processor(dialect, None) for c in columns]
+        # The statement's own literals (`> 0`) are parameters too: sent with the caller's.
+        fixed = dict(compiled.params)
+        found = (compiled.string, fixed, _row_class(tuple(c.keyname for c in columns)), processors)
+        _COMPILED[statement] = found
+    return found
+
+
+def select_many(s: Session, queries: Sequence[tuple[Any, dict[str, Any]]]) -> list[list[Any]]:
+    """Run several independent SELECTs (statement, parameters); return each one's rows.
+
+    On PostgreSQL they go together in one psycopg pipeline, one round trip for all, and
+    come back as rows read by column name with each column's type applied as SQLAlchemy
+    would. Statements must be built once and reused (their SQL is compiled once), and
+    take list parameters as `= ANY(...)` there, `IN` with an expanding parameter elsewhere.
+    """
+    if s.get_bind().dialect.name != "postgresql":
+        return [list(s.execute(statement, params)) for statement, params in queries]
+    driver = s.connection().connection.driver_connection
+    assert driver is not None
+    plans = [_compiled(s, statement) for statement, _ in queries]
+    cursors = [driver.cursor() for _ in queries]
+    with driver.pipeline():
+        for cursor, (sql, fixed, _, _), (_, params) in zip(cursors, plans, queries, strict=True):
+            cursor.execute(sql, {**fixed, **params})
+    results: list[list[Any]] = []
+    for cursor, (_, _, row_class, processors) in zip(cursors, plans, strict=True):
+        fetched = cursor.fetchall()
+        cursor.close()
+        if any(processors):
+            fetched = [
+                tuple(v if p is None or v is None else p(v) for p, v in zip(processors, row, strict=True))
+                for row in fetched
+            ]
+        results.append([row_class(row) for row in fetched])
+    return results

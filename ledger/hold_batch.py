@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import any_, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_t, lock_accounts, no_account
-from ledger.bulk import insert_rows, update_rows
+from ledger.bulk import deferred_writes, insert_rows, select_many, update_rows
 from ledger.errors import LedgerError
 from ledger.grants import GrantState, grants_t
 from ledger.holds import (
@@ -49,7 +49,7 @@ from ledger.holds import (
 )
 from ledger.journal import EntryDraft, LockedAccount, post_batch
 from ledger.models import UNKNOWN_SUBMIT
-from ledger.prices import load_price_table
+from ledger.prices import price_rows_query, price_table
 from ledger.timeutil import parse_seconds
 
 Outcome = HoldState | LedgerError | None
@@ -129,17 +129,39 @@ def apply_holds_and_settles(
             continue  # a refund may become a refund grant: settle_hold does it
         charges.append((i, hold, settlement))
     allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for _, hold, _ in charges}
-    if allocations:
-        for row in s.execute(select(allocations_t).where(allocations_t.c.hold_id.in_(sorted(allocations)))):
-            allocations[row.hold_id][row.grant_id] = Allocation(
-                row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
-            )
     hold_accounts = {by_name[req.account].id for req in checked.values()}
-    capped = _accounts_with_limits(s, hold_accounts)
-    existing = _holds_of_runs(s, {(req.cluster, req.job_id) for req in checked.values()})
-    prices = load_price_table(s) if checked else None
-    touched = {grant_id for by_grant in allocations.values() for grant_id in by_grant}
-    grants = _grants_of(s, hold_accounts | {hold.account_id for _, hold, _ in charges}, touched)
+    runs = {(req.cluster, req.job_id) for req in checked.values()}
+    grant_accounts = hold_accounts | {hold.account_id for _, hold, _ in charges}
+    # The reads below need nothing from each other: on PostgreSQL, one round trip for all.
+    q = _queries(s)
+    wanted_reads: list[tuple[str, Any, dict[str, Any]]] = []
+    if allocations:
+        wanted_reads.append(("allocations", q.allocations, {"holds": sorted(allocations)}))
+    if hold_accounts:
+        wanted_reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
+    if runs:
+        clusters, job_ids = sorted({c for c, _ in runs}), sorted({j for _, j in runs})
+        wanted_reads.append(("runs", q.runs, {"clusters": clusters, "jobs": job_ids}))
+    if checked:
+        wanted_reads.append(("prices", q.prices, {}))
+    if grant_accounts:
+        params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
+        wanted_reads.append(("grants", q.grants, params))
+    fetched = dict(
+        zip(
+            [name for name, _, _ in wanted_reads],
+            select_many(s, [(statement, params) for _, statement, params in wanted_reads]),
+            strict=True,
+        )
+    )
+    for row in fetched.get("allocations", []):
+        allocations[row.hold_id][row.grant_id] = Allocation(
+            row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
+        )
+    capped = {row.account_id for row in fetched.get("limits", [])}
+    existing = _holds_of_runs(fetched.get("runs", []), runs)
+    prices = price_table(fetched["prices"]) if checked else None
+    grants = _grants_of(fetched.get("grants", []))
 
     drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
     resolved: list[dict[str, Any]] = []
@@ -173,6 +195,22 @@ def apply_holds_and_settles(
             created[i] = error
             continue
         planned.append((i, req, account, _hold_fields(req, rate, unit_prices, amount), legs))
+    with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
+        _write(s, drafts, planned, allocations, grants, resolved, created)
+    return created, settled
+
+
+def _write(
+    s: Session,
+    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]],
+    planned: list[tuple[int, _HoldRequest, LockedAccount, dict[str, Any], list[Any]]],
+    allocations: dict[int, dict[int, Allocation]],
+    grants: dict[int, list[GrantState]],
+    resolved: list[dict[str, Any]],
+    created: list[Outcome],
+) -> None:
+    """The batch's new holds (their ids come back), entries, postings, allocations, grants
+    and resolved holds."""
     new_allocations: list[dict[str, int]] = []
     if planned:
         rows = [
@@ -224,7 +262,6 @@ def apply_holds_and_settles(
     update_rows(s, allocations_t, ("hold_id", "grant_id"), changed_allocations)
     _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
     update_rows(s, holds_t, ("id",), resolved)
-    return created, settled
 
 
 def _settle_requests(
@@ -299,24 +336,51 @@ def find_active_holds(
     return found
 
 
-def _accounts_with_limits(s: Session, account_ids: set[int]) -> set[int]:
-    if not account_ids:
-        return set()
-    query = select(limits_t.c.account_id).where(limits_t.c.account_id.in_(sorted(account_ids)))
-    return set(s.execute(query.distinct()).scalars())
+class _Queries:
+    """The batch's reads, built once per dialect (`select_many` compiles each once)."""
+
+    def __init__(self, postgres: bool) -> None:
+        def among(column: Any, name: str) -> Any:
+            if postgres:
+                return column == any_(bindparam(name))
+            return column.in_(bindparam(name, expanding=True))
+
+        self.allocations = select(allocations_t).where(among(allocations_t.c.hold_id, "holds"))
+        self.limits = select(limits_t.c.account_id).where(among(limits_t.c.account_id, "accounts")).distinct()
+        self.runs = (
+            _hold_query()
+            .add_columns(holds_t.c.request_hash.label("_digest"))
+            .where(
+                among(holds_t.c.cluster, "clusters"),  # the unique index
+                among(holds_t.c.job_id, "jobs"),
+            )
+        )
+        self.prices = price_rows_query()
+        # Each account's grants with credit left, plus those the settled holds drew on
+        # (what `load_grants` and `_grants_for` read, for many accounts at once).
+        touched = select(allocations_t.c.grant_id).where(among(allocations_t.c.hold_id, "holds"))
+        self.grants = select(grants_t).where(
+            among(grants_t.c.account_id, "accounts"),
+            or_(grants_t.c.remaining_ucredits > 0, grants_t.c.id.in_(touched)),
+        )
 
 
-def _holds_of_runs(s: Session, jobs: set[tuple[str, int]]) -> dict[tuple[Any, ...], tuple[HoldState, str]]:
+_QUERIES: dict[bool, _Queries] = {}
+
+
+def _queries(s: Session) -> _Queries:
+    postgres = s.get_bind().dialect.name == "postgresql"
+    if postgres not in _QUERIES:
+        _QUERIES[postgres] = _Queries(postgres)
+    return _QUERIES[postgres]
+
+
+def _holds_of_runs(
+    rows: Sequence[Any], jobs: set[tuple[str, int]]
+) -> dict[tuple[Any, ...], tuple[HoldState, str]]:
     """Existing holds of these jobs' ids by (cluster, job id, run, submitted at), with their digests."""
-    if not jobs:
-        return {}
-    query = _hold_query().add_columns(holds_t.c.request_hash.label("_digest"))
-    query = query.where(
-        holds_t.c.cluster.in_(sorted({cluster for cluster, _ in jobs})),  # the unique index
-        holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs})),
-    )
     found: dict[tuple[Any, ...], tuple[HoldState, str]] = {}
-    for row in s.execute(query):
+    for row in rows:
         fields = dict(row._mapping)
         digest = fields.pop("_digest")
         hold = HoldState(**fields)
@@ -325,16 +389,10 @@ def _holds_of_runs(s: Session, jobs: set[tuple[str, int]]) -> dict[tuple[Any, ..
     return found
 
 
-def _grants_of(s: Session, account_ids: set[int], touched: set[int]) -> dict[int, list[GrantState]]:
-    """Each account's grants with credit left, plus the `touched` ones, in burn order
-    (what `load_grants` and `_grants_for` read, for many accounts in one query)."""
-    if not account_ids:
-        return {}
-    where = grants_t.c.remaining_ucredits > 0
-    if touched:
-        where = or_(where, grants_t.c.id.in_(sorted(touched)))
+def _grants_of(rows: Sequence[Any]) -> dict[int, list[GrantState]]:
+    """Grants by account, in burn order."""
     by_account: dict[int, list[GrantState]] = {}
-    for r in s.execute(select(grants_t).where(grants_t.c.account_id.in_(sorted(account_ids)), where)):
+    for r in rows:
         by_account.setdefault(r.account_id, []).append(
             GrantState(
                 r.id,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.bulk import insert_rows, update_rows
@@ -211,14 +211,7 @@ def post_batch(
         heads.append(
             {"id": account.id, "entry_count": seq, "head_hash": head, "debt_ucredits": account.debt_ucredits}
         )
-    if len(heads) == 1:
-        s.execute(
-            update(accounts_t)
-            .where(accounts_t.c.id == heads[0]["id"])
-            .values(entry_count=seq, head_hash=head, debt_ucredits=account.debt_ucredits)
-        )
-    else:
-        update_rows(s, accounts_t, ("id",), heads)
+    update_rows(s, accounts_t, ("id",), heads)
     posted = [
         PostedEntry(entry_id, row["seq"], row["effective_at"], legs)
         for entry_id, row, legs in zip(entry_ids, entry_rows, kept_legs, strict=True)

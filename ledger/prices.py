@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import Select, insert, or_, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -211,9 +211,7 @@ def _price_rows(
     at: datetime | None,
     every_partition: bool,
 ) -> list[PriceRow]:
-    query = select(
-        prices_t.c.gres, prices_t.c.partition, prices_t.c.effective_at, prices_t.c.ucredits_per_gpu_hour
-    ).order_by(prices_t.c.id)
+    query = price_rows_query()
     if gres is not None:
         query = query.where(prices_t.c.gres.in_(list(gres)))
     if at is not None:
@@ -224,6 +222,19 @@ def _price_rows(
             where_partition = or_(where_partition, prices_t.c.partition == partition)
         query = query.where(where_partition)
     return [(row[0], row[1], row[2], int(row[3])) for row in s.execute(query)]
+
+
+def price_rows_query() -> Select[Any]:
+    """Every price version as `PriceTable` takes them, in recorded order (callers that
+    send it along with other reads build the table with `price_table`)."""
+    return select(
+        prices_t.c.gres, prices_t.c.partition, prices_t.c.effective_at, prices_t.c.ucredits_per_gpu_hour
+    ).order_by(prices_t.c.id)
+
+
+def price_table(rows: Iterable[Any]) -> PriceTable:
+    """The table of `price_rows_query`'s rows."""
+    return PriceTable((row[0], row[1], row[2], int(row[3])) for row in rows)
 
 
 def load_price_table(s: Session) -> PriceTable:
