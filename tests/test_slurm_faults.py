@@ -315,6 +315,9 @@ class Faults(Cluster):
 def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     HOOK_LOG.unlink(missing_ok=True)
+    # Job ids restart with the box: an old run's GPU registry (its node epilog never ran
+    # when the box stopped under it) would claim a new job's GPU for the agent.
+    shutil.rmtree(RUN_DIR / "spool", ignore_errors=True)
     url = private_pg.url("gpucredit")
     engine = make_engine(url)
     previous_config = slurm_box.config_path
@@ -716,3 +719,58 @@ def test_database_restarted_amid_a_burst_of_holds_each_run_holds_once(
             seen,
             states,
         )
+
+
+# --------------------------------------------------------------------------- the NVML agent killed
+
+
+def test_nvml_agent_killed_leaves_a_gap_in_usage_and_charges_alone(faults: Faults, since: datetime) -> None:
+    """The node agent (fake NVML here) is SIGKILLed while a job runs: its usage record
+    stops short of the run (a gap: fewer allocated GPU-seconds than sacct's elapsed), and
+    the charge, which never reads it, is exact."""
+    from ledger.models import GpuUsage, table_of
+
+    usage_t = table_of(GpuUsage)
+    account = faults.new_account("10")
+    gate = Gate()
+    job = submit(faults, account, "-w", "node1", "--gres=gpu:a100:1", "-t", "1", "--wrap", gate.wrap)
+    faults.box.wait_state(job, "RUNNING", timeout=30)
+    faults.wait_hook("prolog", job, "registered")
+    env = {**os.environ, "GPUCREDIT_CONFIG": str(faults.config_path)}
+    agent_log = RUN_DIR / "agent.log"
+    with open(agent_log, "wb") as out:
+        agent = subprocess.Popen(
+            [GPUCREDIT, "agent", "--node", "node1", "--fake-nvml", "a100:2,h100:2@50", "--interval", "0.5"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def usage() -> list[tuple[int, int]]:
+        with faults.tx() as s:
+            query = select(usage_t.c.allocated_gpu_seconds, usage_t.c.busy_gpu_seconds).where(
+                usage_t.c.job_id == job, usage_t.c.node == "node1"
+            )
+            return [tuple(row) for row in s.execute(query)]
+
+    try:
+        deadline = time.monotonic() + 30
+        while not usage():
+            assert agent.poll() is None and time.monotonic() < deadline, agent_log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        agent.kill()
+        agent.wait(10)
+    recorded = usage()
+    # Keep the job running past what the agent saw, so the gap is there whatever the timing.
+    deadline = time.monotonic() + 30
+    while (utcnow() - faults.holds(job, account)[0].started_at).total_seconds() < recorded[0][0] + 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    gate.open()
+    faults.box.wait_state(job, "COMPLETED", timeout=60)
+    faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    faults.check(account, {job: PRICES["a100"]}, since)
+    [row] = sacct_runs(faults.box, job, account)
+    [(allocated, busy)] = usage()
+    assert 0 < allocated < int(row["ElapsedRaw"]) and busy <= allocated  # the gap
