@@ -721,7 +721,7 @@ def _reconcile_all(
             size = 0
         batches[-1][key] = jobs[key]
         size += len(jobs[key])
-    move = functools.partial(_move_account_money, session_factory, policy=policy, now=now)
+    move = functools.partial(_move_money, session_factory, policy=policy, now=now)
     with _Background(concurrent, move) as background:
         for batch in batches:
             _reconcile_batch(session_factory, batch, force, policy, now, summary, background)
@@ -731,8 +731,8 @@ def _reconcile_all(
 
 
 _Task = Callable[[], list[RunOutcome]]
-# (account, its runs) -> their outcomes: one transaction
-_MoveMoney = Callable[[str, Sequence["_MoneyRun"]], list[RunOutcome]]
+# {account: its runs} -> their outcomes: one transaction
+_MoveMoney = Callable[[Mapping[str, Sequence["_MoneyRun"]]], list[RunOutcome]]
 
 
 class _Background:
@@ -773,8 +773,8 @@ class _Background:
         for item in self.queued:
             by_account.setdefault(item.run.account, []).append(item)
         self.queued = []
-        for account in sorted(by_account):
-            self._submit(self.money, functools.partial(self.move, account, by_account[account]))
+        if by_account:
+            self._submit(self.money, functools.partial(self.move, by_account))
 
     def _submit(self, pool: ThreadPoolExecutor | None, task: _Task) -> None:
         if pool is not None:
@@ -813,24 +813,32 @@ def _reconcile_batch(
     `force` re-plans every run.
     """
     changed: dict[tuple[str, int], list[SacctRun]] = {}
+    stored_jobs: Collection[tuple[str, int]] | None = None  # jobs with a stored row; None: unknown
     if force:
         changed.update(jobs)
     else:
         with session_factory() as s, s.begin():
             records = jobrun_records.stored_records(s, jobs.keys())
-        unchanged = 0
-        for key, job_runs in jobs.items():
-            for run in job_runs:
-                if _unchanged(run, records):
-                    unchanged += 1
-                else:
-                    changed.setdefault(key, []).append(run)
-        summary.counts["unchanged"] += unchanged
+        if not records:  # a first read of this window: nothing stored, nothing unchanged
+            changed.update(jobs)
+            stored_jobs = ()
+        else:
+            unchanged = 0
+            for key, job_runs in jobs.items():
+                for run in job_runs:
+                    if _unchanged(run, records):
+                        unchanged += 1
+                    else:
+                        changed.setdefault(key, []).append(run)
+            summary.counts["unchanged"] += unchanged
+            stored_jobs = {(cluster, job_id) for cluster, job_id, _, _ in records}
     if not changed:
         return
-    # Only jobs with a changed run need their stored rows and holds.
+    # Only jobs with a changed run need their holds, and only those with a stored row
+    # (the range read above saw every row of the batch's jobs) their stored rows.
+    with_rows = changed.keys() if stored_jobs is None else {key for key in changed if key in stored_jobs}
     with session_factory() as s, s.begin():
-        job_rows = _StoredRuns(jobruns.load_job_runs(s, changed.keys()))
+        job_rows = _StoredRuns(jobruns.load_job_runs(s, with_rows) if with_rows else {})
         holds_by_job = jobruns.load_hold_views(s, changed.keys())
         prices = api.load_price_table(s)
     inserts: list[JobRunRow] = []
@@ -913,53 +921,101 @@ class _MoneyRun(NamedTuple):
     stored: StoredRun | None
 
 
-def _move_account_money(
+def _move_money(
     session_factory: SessionFactory,
-    account: str,
-    items: Sequence[_MoneyRun],
+    by_account: Mapping[str, Sequence[_MoneyRun]],
     *,
     policy: Policy,
     now: datetime,
 ) -> list[RunOutcome]:
-    """One account's money-moving runs in one transaction.
+    """Queued money-moving runs of many accounts in one transaction.
 
-    When the ledger refuses any of them, the transaction rolls back and the runs are
-    redone one per transaction, so a refusal is recorded against its own run and the
-    other runs of the account, like other accounts' runs, are not lost.
+    The accounts are locked first, in one statement in id order (as the daemon's group
+    commit locks its batches: neither waits on the other in opposite orders); then every
+    account's adjustments are one `adjust_holds_many` call and its unreserved runs one
+    `record_unreserved_runs` call, and every job_runs row one statement. When the ledger
+    refuses any run, the transaction rolls back and the accounts are redone one
+    transaction each (and a refused account's runs one each), so a refusal is recorded
+    against its own run and costs no other run.
     """
     try:
         with session_factory() as s, s.begin():
-            outcomes = _execute_for_account(s, account, items)
-            rows = [
-                _job_run_row(
-                    item.run,
-                    flags=item.plan.flags,
-                    hold_id=outcome.hold_id,
-                    charged_ucredits=outcome.charged_ucredits if outcome.hold_id is not None else 0,
-                    now=now,
-                )
-                for item, outcome in zip(items, outcomes, strict=True)
-            ]
-            jobruns.adopt_submit_times(s, [key for item in items for key in _adopting(item.run, item.stored)])
-            jobruns.upsert_job_runs(s, rows)
-        return outcomes
+            api.lock_accounts(s, by_account.keys())
+            outcomes = _execute_for_accounts(s, by_account)
+            _write_money_rows(s, by_account, outcomes, now)
+        return [outcome for account in by_account for outcome in outcomes[account]]
     except LedgerError:
-        return [_reconcile_one(session_factory, item.run, policy, now) for item in items]
+        if len(by_account) == 1:
+            items = next(iter(by_account.values()))
+            return [_reconcile_one(session_factory, item.run, policy, now) for item in items]
+        return [
+            outcome
+            for account, items in by_account.items()
+            for outcome in _move_money(session_factory, {account: items}, policy=policy, now=now)
+        ]
 
 
-def _execute_for_account(s: Session, account: str, items: Sequence[_MoneyRun]) -> list[RunOutcome]:
-    """The plans of one account's runs, under that account's lock; outcomes in `items` order."""
-    outcomes: dict[int, RunOutcome] = {}
-    adjusts = [(i, item) for i, item in enumerate(items) if item.plan.action == "adjust"]
-    if adjusts:
-        wanted = []
-        for _, (run, plan, _) in adjusts:
-            assert plan.hold is not None and run.end is not None  # adjust plans name a resolved hold
-            wanted.append(api.Adjustment(plan.hold.id, plan.expected_ucredits, run.end, _reason(run, plan)))
-        after = api.adjust_holds(s, account, wanted)
-        for (i, (run, plan, _)), hold in zip(adjusts, after, strict=True):
+def _write_money_rows(
+    s: Session,
+    by_account: Mapping[str, Sequence[_MoneyRun]],
+    outcomes: Mapping[str, list[RunOutcome]],
+    now: datetime,
+) -> None:
+    rows = [
+        _job_run_row(
+            item.run,
+            flags=item.plan.flags,
+            hold_id=outcome.hold_id,
+            charged_ucredits=outcome.charged_ucredits if outcome.hold_id is not None else 0,
+            now=now,
+        )
+        for account, items in by_account.items()
+        for item, outcome in zip(items, outcomes[account], strict=True)
+    ]
+    adopted = [
+        key for items in by_account.values() for item in items for key in _adopting(item.run, item.stored)
+    ]
+    jobruns.adopt_submit_times(s, adopted)
+    jobruns.upsert_job_runs(s, rows)
+
+
+def _execute_for_accounts(
+    s: Session, by_account: Mapping[str, Sequence[_MoneyRun]]
+) -> dict[str, list[RunOutcome]]:
+    """The plans of many accounts' runs (accounts locked by the caller); each account's
+    outcomes in its `items` order.
+
+    Per account, as one run after another would leave it: its adjustments first (one
+    `adjust_holds_many` call for every account), then its other runs in order. An
+    account's unreserved runs share one `record_unreserved_runs` call with the other
+    accounts' when they are all it has besides adjustments (a lost epilog's settle or
+    release between them keeps the one-run-at-a-time path, in order).
+    """
+    outcomes: dict[str, dict[int, RunOutcome]] = {account: {} for account in by_account}
+    wanted: dict[str, list[api.Adjustment]] = {}
+    adjusts: list[tuple[str, int, _MoneyRun]] = []
+    unreserved: list[tuple[str, int, _MoneyRun]] = []
+    for account, items in by_account.items():
+        others = [(i, item) for i, item in enumerate(items) if item.plan.action != "adjust"]
+        batchable = all(item.plan.action == "unreserved" for _, item in others)
+        for i, item in enumerate(items):
+            run, plan = item.run, item.plan
+            if plan.action == "adjust":
+                assert plan.hold is not None and run.end is not None  # adjust plans name a resolved hold
+                wanted.setdefault(account, []).append(
+                    api.Adjustment(plan.hold.id, plan.expected_ucredits, run.end, _reason(run, plan))
+                )
+                adjusts.append((account, i, item))
+            elif batchable:
+                unreserved.append((account, i, item))
+    if wanted:
+        after = api.adjust_holds_many(s, wanted)
+        position = dict.fromkeys(wanted, 0)
+        for account, i, (run, plan, _) in adjusts:
+            hold = after[account][position[account]]
+            position[account] += 1
             assert plan.hold is not None
-            outcomes[i] = _outcome(
+            outcomes[account][i] = _outcome(
                 run,
                 _counter(plan),
                 flags=plan.flags,
@@ -967,10 +1023,40 @@ def _execute_for_account(s: Session, account: str, items: Sequence[_MoneyRun]) -
                 change_ucredits=hold.charged_ucredits - plan.hold.charged_ucredits,
                 charged_ucredits=hold.charged_ucredits,
             )
-    for i, item in enumerate(items):
-        if i not in outcomes:
-            outcomes[i] = _execute(s, item.run, item.plan)
-    return [outcomes[i] for i in range(len(items))]
+    if unreserved:
+        done = api.record_unreserved_runs(s, [_unreserved(item.run) for _, _, item in unreserved])
+        for (account, i, item), hold in zip(unreserved, done, strict=True):
+            outcomes[account][i] = _outcome(
+                item.run,
+                "unreserved",
+                flags=item.plan.flags,
+                hold_id=hold.id,
+                change_ucredits=hold.charged_ucredits,
+                charged_ucredits=hold.charged_ucredits,
+            )
+    result: dict[str, list[RunOutcome]] = {}
+    for account, items in by_account.items():
+        for i, item in enumerate(items):
+            if i not in outcomes[account]:
+                outcomes[account][i] = _execute(s, item.run, item.plan)
+        result[account] = [outcomes[account][i] for i in range(len(items))]
+    return result
+
+
+def _unreserved(run: SacctRun) -> api.UnreservedRun:
+    assert run.start is not None  # plan_run charges only runs that started
+    return api.UnreservedRun(
+        run.account,
+        run.user,
+        run.cluster,
+        run.job_id,
+        run.run,
+        run.gpus,
+        run.start,
+        run.elapsed_seconds,
+        run.partition or None,
+        run.submit,
+    )
 
 
 def _reconcile_one(

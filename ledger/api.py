@@ -32,10 +32,11 @@ from ledger.accounts import (
     ensure_account,
     lock_account,
     lock_account_by_id,
+    lock_accounts,
     show_limits,
 )
 from ledger.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
-from ledger.adjustments import Adjustment, adjust_holds
+from ledger.adjustments import Adjustment, adjust_holds, adjust_holds_many
 from ledger.balance import account_summary, balance
 from ledger.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
 from ledger.charge_counter import ChargeCounter, ChargeTotals
@@ -115,6 +116,7 @@ from ledger.routing import CostLimit, PartitionOption, Route, RoutingConfig, can
 from ledger.snapshot import Snapshot, SnapshotKeeper
 from ledger.timeutil import format_time, parse_seconds, utcnow
 from ledger.totals import AccountTotals, account_totals, memberships
+from ledger.unreserved_batch import UnreservedRun, record_unreserved_runs
 
 __all__ = [
     "ACCRUES_NOW",
@@ -147,6 +149,7 @@ __all__ = [
     "Snapshot",
     "SnapshotKeeper",
     "TokenInfo",
+    "UnreservedRun",
     "UsageDelta",
     "account_names",
     "account_summary",
@@ -157,6 +160,7 @@ __all__ = [
     "adjust",
     "adjust_hold",
     "adjust_holds",
+    "adjust_holds_many",
     "apply_holds_and_settles",
     "authenticate_token",
     "balance",
@@ -205,6 +209,7 @@ __all__ = [
     "list_prices",
     "list_tokens",
     "load_price_table",
+    "lock_accounts",
     "lock_batch",
     "mark_paid",
     "member_roles",
@@ -219,6 +224,7 @@ __all__ = [
     "quote",
     "rate_of",
     "record_unreserved_run",
+    "record_unreserved_runs",
     "release",
     "release_hold",
     "renew_leases",

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from ledger import api
-from ledger.adjustments import Adjustment, adjust_holds
+from ledger.adjustments import Adjustment, adjust_holds, adjust_holds_many
 from ledger.errors import InvalidInput, NotFound
 from ledger.grants import grants_t
 from ledger.holds import holds_t
@@ -156,3 +156,52 @@ def test_refusals_write_nothing(priced: Callable[[], Any]) -> None:
         adjust_holds(s, "physics", [Adjustment(physics[0], -1, T0)])
     assert negative.value.code == "invalid_amount"
     assert picture(tx, "physics", physics) == before
+
+
+def test_several_accounts_in_one_call_leave_what_one_call_each_leaves(priced: Callable[[], Any]) -> None:
+    tx = priced
+    alone = {"physics": history(tx, "physics", 1), "biology": history(tx, "biology", 21)}
+    together = {"chemistry": history(tx, "chemistry", 11), "geology": history(tx, "geology", 31)}
+    for account, holds in alone.items():
+        with tx() as s:
+            adjust_holds(s, account, corrections(holds))
+    with tx() as s:
+        # geology's holds in another order: each account's list is applied in its own order
+        after = adjust_holds_many(
+            s,
+            {
+                "geology": corrections(together["geology"])[::-1],
+                "chemistry": corrections(together["chemistry"]),
+                "nothing": [],
+            },
+        )
+    assert [h.charged_ucredits for h in after["chemistry"]] == [1_000_000, 5_000_000, 0]
+    assert [h.charged_ucredits for h in after["geology"]] == [0, 5_000_000, 1_000_000]
+    assert after["nothing"] == []
+    assert picture(tx, "chemistry", together["chemistry"]) == picture(tx, "physics", alone["physics"])
+    # The reversed order draws before the refund grant exists: as one call for geology alone would.
+    expected = history(tx, "zoology", 41)
+    with tx() as s:
+        adjust_holds(s, "zoology", corrections(expected)[::-1])
+    assert picture(tx, "geology", together["geology"]) == picture(tx, "zoology", expected)
+    with tx() as s:
+        assert api.verify(s).ok
+
+
+def test_several_accounts_refused_as_a_whole(priced: Callable[[], Any]) -> None:
+    tx = priced
+    physics, chemistry = history(tx, "physics", 1), history(tx, "chemistry", 11)
+    before = picture(tx, "physics", physics), picture(tx, "chemistry", chemistry)
+    with tx() as s, pytest.raises(NotFound) as foreign:
+        adjust_holds_many(
+            s,
+            {
+                "physics": corrections(physics),
+                "chemistry": [Adjustment(chemistry[0], 0, T0), Adjustment(physics[1], 0, T0)],
+            },
+        )
+    assert foreign.value.message == f"hold {physics[1]} is not a hold of account chemistry"
+    with tx() as s, pytest.raises(NotFound) as unknown:
+        adjust_holds_many(s, {"physics": corrections(physics), "nobody": [Adjustment(chemistry[0], 0, T0)]})
+    assert unknown.value.message == "account 'nobody' does not exist"
+    assert (picture(tx, "physics", physics), picture(tx, "chemistry", chemistry)) == before
