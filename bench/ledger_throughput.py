@@ -318,6 +318,20 @@ def profile(database: str, cycles: int, batch: int) -> str:
     return out.getvalue()
 
 
+def audit(database: str) -> str:
+    """`gpucredit audit verify` on what the daemon wrote: every chain, projection and
+    checkpoint recomputed from the journal (a faster path must leave it verifiable)."""
+    engine = make_engine(_url(database))
+    try:
+        with make_sessionmaker(engine)() as s:
+            verified = api.verify(s)
+    finally:
+        engine.dispose()
+    if not verified.ok:
+        raise SystemExit(f"audit verify FAILED after the daemon run: {verified.problems[:5]}")
+    return f"audit verify: ok ({verified.accounts} accounts, {verified.entries} entries)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # 64 hook processes at once: a burst of job starts and ends on a busy controller.
@@ -347,6 +361,7 @@ def main() -> None:
             f"{1000 * daemon_cpu / max(daemon['cycles'] * args.seconds, 1):.2f} ms per cycle"
         )
         print(f"pgbench tpcb-like {tps:.0f} tps ({args.clients} clients); ratio {daemon['cycles'] / tps:.3f}")
+        print(audit(database))
         if not args.no_direct:
             direct = ledger_cycles_per_second(database, args.workers, args.seconds)
             direct_tps = pgbench_tps(args.workers, int(args.seconds))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import any_, bindparam, or_, select
+from sqlalchemy import Integer, any_, bindparam, or_, select, text
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_t, lock_accounts, no_account
@@ -144,6 +144,8 @@ def apply_holds_and_settles(
         wanted_reads.append(("runs", q.runs, {"clusters": clusters, "jobs": job_ids}))
     if checked:
         wanted_reads.append(("prices", q.prices, {}))
+        if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
+            wanted_reads.append(("hold_ids", q.hold_ids, {"n": len(checked)}))
     if grant_accounts:
         params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
         wanted_reads.append(("grants", q.grants, params))
@@ -196,7 +198,8 @@ def apply_holds_and_settles(
             continue
         planned.append((i, req, account, _hold_fields(req, rate, unit_prices, amount), legs))
     with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
-        _write(s, drafts, planned, allocations, grants, resolved, created)
+        ids = [row.id for row in fetched["hold_ids"]] if "hold_ids" in fetched else None
+        _write(s, drafts, planned, ids, allocations, grants, resolved, created)
     return created, settled
 
 
@@ -204,13 +207,14 @@ def _write(
     s: Session,
     drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]],
     planned: list[tuple[int, _HoldRequest, LockedAccount, dict[str, Any], list[Any]]],
+    ids: list[int] | None,
     allocations: dict[int, dict[int, Allocation]],
     grants: dict[int, list[GrantState]],
     resolved: list[dict[str, Any]],
     created: list[Outcome],
 ) -> None:
-    """The batch's new holds (their ids come back), entries, postings, allocations, grants
-    and resolved holds."""
+    """The batch's new holds (with `ids`, taken from their sequence beforehand, in order;
+    else their ids come back), entries, postings, allocations, grants and resolved holds."""
     new_allocations: list[dict[str, int]] = []
     if planned:
         rows = [
@@ -226,8 +230,14 @@ def _write(
             }
             for _, req, account, fields, _ in planned
         ]
-        returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
-        hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
+        if ids is not None:
+            for row, hold_id in zip(rows, ids, strict=False):
+                row["id"] = hold_id
+            insert_rows(s, holds_t, rows)
+            hold_ids = {(row["cluster"], row["job_id"], row["run"]): row["id"] for row in rows}
+        else:
+            returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
+            hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
         for i, req, account, fields, legs in planned:
             hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
             drafts.setdefault(account.id, (account, []))[1].append(
@@ -245,7 +255,7 @@ def _write(
                 resolved_at=None,
                 **fields,
             )
-    post_batch(s, list(drafts.values()))
+    post_batch(s, list(drafts.values()), ids=False)
     changed_allocations: list[dict[str, int]] = []
     for hold_id, by_grant in allocations.items():
         for a in by_grant.values():
@@ -356,6 +366,13 @@ class _Queries:
             )
         )
         self.prices = price_rows_query()
+        self.hold_ids = (
+            text(
+                "SELECT nextval(pg_get_serial_sequence('holds', 'id')) AS id FROM generate_series(1, :n)"
+            ).columns(id=Integer)
+            if postgres
+            else None
+        )
         # Each account's grants with credit left, plus those the settled holds drew on
         # (what `load_grants` and `_grants_for` read, for many accounts at once).
         touched = select(allocations_t.c.grant_id).where(among(allocations_t.c.hold_id, "holds"))

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.bulk import insert_rows, update_rows
+from ledger.bulk import deferring, insert_rows, insert_rows_referencing, update_rows
 from ledger.models import Account, Entry, Grant, Posting, table_of
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
@@ -132,11 +132,15 @@ def post_many(s: Session, account: LockedAccount, drafts: list[EntryDraft]) -> l
 
 
 def post_batch(
-    s: Session, batch: Sequence[tuple[LockedAccount, list[EntryDraft]]]
+    s: Session, batch: Sequence[tuple[LockedAccount, list[EntryDraft]]], *, ids: bool = True
 ) -> list[list[PostedEntry]]:
     """`post_many` for several accounts (each locked by the caller) in the same three
     statements: the daemon's group commit posts a whole batch of holds or settles at once.
-    Each account's entries are chained in the order given; returns them per batch item."""
+    Each account's entries are chained in the order given; returns them per batch item.
+
+    `ids=False`: the caller needs no entry back (returns empty lists), so inside
+    `deferred_writes` on PostgreSQL the entries are queued too and their postings find
+    them by (account, seq): no round trip of their own."""
     recorded_at = utcnow()
     entry_rows: list[dict[str, Any]] = []
     kept_legs: list[list[Leg]] = []
@@ -188,6 +192,29 @@ def post_batch(
         chains[account.id] = (account, seq, head, debt_change)
     if not entry_rows:
         return [[] for _ in batch]
+    if not ids and deferring(s):
+        insert_rows(s, entries_t, entry_rows)
+        insert_rows_referencing(
+            s,
+            postings_t,
+            [
+                {
+                    "ref_account_id": row["account_id"],
+                    "ref_seq": row["seq"],
+                    "account_id": g.account_id,
+                    "grant_id": g.grant_id,
+                    "bucket": g.bucket,
+                    "amount_ucredits": g.amount_ucredits,
+                }
+                for row, legs in zip(entry_rows, kept_legs, strict=True)
+                for g in legs
+            ],
+            "entry_id",
+            entries_t,
+            ("account_id", "seq"),
+        )
+        _save_heads(s, chains)
+        return [[] for _ in batch]
     returned = insert_rows(s, entries_t, entry_rows, returning=("id", "account_id", "seq"))
     id_by_key = {(row.account_id, row.seq): row.id for row in returned}
     entry_ids = [id_by_key[(row["account_id"], row["seq"])] for row in entry_rows]
@@ -203,15 +230,7 @@ def post_batch(
         for g in legs
     ]
     insert_rows(s, postings_t, posting_rows)
-    heads = []
-    for account, seq, head, debt_change in chains.values():
-        account.entry_count = seq
-        account.head_hash = head
-        account.debt_ucredits += debt_change
-        heads.append(
-            {"id": account.id, "entry_count": seq, "head_hash": head, "debt_ucredits": account.debt_ucredits}
-        )
-    update_rows(s, accounts_t, ("id",), heads)
+    _save_heads(s, chains)
     posted = [
         PostedEntry(entry_id, row["seq"], row["effective_at"], legs)
         for entry_id, row, legs in zip(entry_ids, entry_rows, kept_legs, strict=True)
@@ -221,6 +240,19 @@ def post_batch(
         result.append(posted[: len(drafts)])
         posted = posted[len(drafts) :]
     return result
+
+
+def _save_heads(s: Session, chains: dict[int, tuple[LockedAccount, int, str, int]]) -> None:
+    """Each account's new chain head, entry count and debt, on its row and its object."""
+    heads = []
+    for account, seq, head, debt_change in chains.values():
+        account.entry_count = seq
+        account.head_hash = head
+        account.debt_ucredits += debt_change
+        heads.append(
+            {"id": account.id, "entry_count": seq, "head_hash": head, "debt_ucredits": account.debt_ucredits}
+        )
+    update_rows(s, accounts_t, ("id",), heads)
 
 
 @dataclass

@@ -24,10 +24,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Engine, event
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ledger.errors import LedgerError
@@ -43,6 +45,29 @@ Prepare = Callable[[Session, Sequence["Pending"]], Any]
 Fast = Callable[[Session, Sequence["Pending"], Any], Sequence["tuple[Any, BaseException | None] | None"]]
 
 DEFAULT_BATCH_MAX = 64
+
+
+def ping_when_idle(engine: Engine, idle_seconds: float = 1.0) -> None:
+    """Ping a pooled connection on checkout only when it sat idle over `idle_seconds`
+    (for an engine made with pool_pre_ping off). A busy writer checks its connection out
+    for every batch, and an unconditional pre-ping costs each batch a round trip; a
+    connection used a moment ago is as good as a ping. Should the database go away in
+    that moment, the batch fails as any batch under an outage does (retryable) and the
+    dead connection is discarded."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info["gpucredit_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        since = record.info.pop("gpucredit_idle_since", None)
+        if since is not None and time.monotonic() - since <= idle_seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:
+            raise DisconnectionError(f"ping failed: {error}") from error
 
 
 class BatchFailed(Exception):

@@ -42,7 +42,7 @@ from accounting_bridge.outage_readback import OutageKeeper
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
-from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending
+from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from job_submit import answer
 from ledger.api import LockedAccount, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
@@ -76,11 +76,14 @@ class Daemon:
         limits_clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.config = config
-        self.engine = (
-            make_engine(config["database"]["url"], pool_size=8, max_overflow=8)
-            if not config["database"]["url"].startswith("sqlite")
-            else make_engine(config["database"]["url"])
-        )
+        if config["database"]["url"].startswith("sqlite"):
+            self.engine = make_engine(config["database"]["url"])
+        else:
+            # Pinged only after a second idle: not a round trip per batch (group_commit).
+            self.engine = make_engine(
+                config["database"]["url"], pool_size=8, max_overflow=8, pool_pre_ping=False
+            )
+            ping_when_idle(self.engine)
         self.sessions = make_sessionmaker(self.engine)
         self.run = runner or SubprocessRunner(config["slurm"]["bin_dir"], timeout_seconds=10.0)
         self.grace_seconds = int(config["holds"]["grace_seconds"])
