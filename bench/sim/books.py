@@ -159,6 +159,8 @@ def check(sim: Simulation, factory: sessionmaker[Session], wall_seconds: float) 
         problems.append(f"{len(books.reconcile_failures)} runs failed reconciliation")
     if over_bound:
         problems.append(f"{len(over_bound)} accounts overspent past the bound")
+    if books.epilog_failures:
+        problems.append(f"{len(books.epilog_failures)} epilog settles refused: {books.epilog_failures[:3]}")
     if books.duplicate_epilog_mismatches:
         problems.append(f"{len(books.duplicate_epilog_mismatches)} repeated epilogs charged differently")
     if not verify.ok:

@@ -108,6 +108,7 @@ class Books:
     # None: unbounded or not available from this ledger.
     outage_bounds: dict[str, int | None] = field(default_factory=dict)
     outage_bound_source: str = ""
+    epilog_failures: list[str] = field(default_factory=list)  # settles the daemon refused
     recheck_moves: int = -1  # money-moving runs when every stored run is reconciled again at the end
     end: datetime = T0
 
@@ -595,8 +596,21 @@ class Simulation:
             "submit": at(job.submit).isoformat(),
             "end": at(self.now + (spec.skew_seconds if job.run == 0 else 0)).isoformat(),
         }
-        with self._op("settle") as s:
-            settled = hook_service.settle(s, request)
+        try:
+            with self._op("settle") as s:
+                settled = hook_service.settle(s, request)
+        except LedgerError as error:  # the books check reports it, with the job's attempts
+            attempts = [
+                f"run {r.run} {r.state} submit {r.submit:%d %H:%M:%S} "
+                f"{'-' if r.start is None else f'{r.start:%d %H:%M:%S}'}..{r.end:%d %H:%M:%S}"
+                for r in self.books.runs
+                if r.job_id == spec.job_id
+            ]
+            self.books.epilog_failures.append(
+                f"job {spec.job_id} run {job.run} ({run.state}): {error.code}: {error.message}; "
+                f"attempts: {'; '.join(attempts)}"
+            )
+            return
         if job.run == 0 and spec.duplicate_epilog:
             self.books.events["duplicate_epilog"] += 1
             with self._op("settle_repeat") as s:
