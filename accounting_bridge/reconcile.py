@@ -859,14 +859,14 @@ def _reconcile_batch(
                 except _PerRun:
                     per_run.append(run)  # a hold without a submit time, maybe matched by start: per run
                     continue
-            own_row = job_rows.of(run)
+            own_row = job_rows.of(run) if job_rows.rows else None  # a first read has none
             start = run.start
 
             def price_of(gpu_type: str, run: SacctRun = run, start: datetime | None = start) -> int | None:
                 return None if start is None else prices.price_at(gpu_type, run.partition or None, start)
 
             try:
-                unreserved_hold = _made_unreserved(own_row, hold)
+                unreserved_hold = own_row is not None and _made_unreserved(own_row, hold)
                 plan = plan_run(run, hold, policy, price_of, now=now, unreserved_hold=unreserved_hold)
             except LedgerError:
                 per_run.append(run)  # e.g. a GPU type without a price: fails, recorded, per run

@@ -481,6 +481,8 @@ def _number_attempts(rows: Sequence[dict[str, Any]]) -> None:
 
 # Seconds 0-59 of a minute, added to the minute's UTC time.
 _SECOND_STEPS = tuple(timedelta(seconds=second) for second in range(60))
+# The same by their two digits: one look-up checks and converts a time's seconds.
+_SECOND_STEPS_BY_TEXT = {f"{second:02d}": step for second, step in enumerate(_SECOND_STEPS)}
 
 
 class _RowReader:
@@ -506,8 +508,8 @@ class _RowReader:
         as their first occurrence).
         """
         if len(text) == 19 and text[16] == ":":
-            seconds = text[17:19]
-            if seconds.isascii() and seconds.isdigit() and seconds < "60":
+            step = _SECOND_STEPS_BY_TEXT.get(text[17:19])
+            if step is not None:
                 minute = text[:16]
                 base = self.minutes.get(minute)
                 if base is None:
@@ -517,7 +519,7 @@ class _RowReader:
                         return parse_time(text, self.tz)  # the whole text's own error
                     assert base is not None  # a YYYY-MM-DDTHH:MM:SS text
                     self.minutes[minute] = base
-                return base + _SECOND_STEPS[int(seconds)]
+                return base + step
         return parse_time(text, self.tz)
 
     def state(self, text: str) -> tuple[str, str | None]:

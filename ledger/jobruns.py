@@ -368,10 +368,23 @@ _TIME_POSITIONS = tuple(i for i, name in enumerate(JobRunRow._fields) if name in
 
 
 def _copy_rows(s: Session, cursor: Any, table: str, rows: Sequence[JobRunRow]) -> None:
+    """COPY `rows` into `table`. A time in UTC goes as it is: COPY's text reads into a
+    `timestamp without time zone` column ignore the "+00:00" (documented PostgreSQL
+    behaviour, whatever the session's TimeZone), which leaves UTCDateTime's naive UTC;
+    only a time in another zone needs converting first."""
     quote = s.get_bind().dialect.identifier_preparer.quote
     columns = ", ".join(quote(c) for c in JobRunRow._fields)
     with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
         for row in rows:
+            start, end = row.start_at, row.end_at
+            if (
+                row.submitted_at.tzinfo is UTC
+                and row.ingested_at.tzinfo is UTC
+                and (start is None or start.tzinfo is UTC)
+                and (end is None or end.tzinfo is UTC)
+            ):
+                copy.write_row(row)
+                continue
             values: list[Any] = list(row)
             for position in _TIME_POSITIONS:
                 values[position] = _naive_utc(values[position])

@@ -1,0 +1,46 @@
+"""ledger.jobruns: rows written by COPY (the bridge's bulk path) keep their exact times.
+
+COPY bypasses the column type, so UTC times go as they are (PostgreSQL reads a
+`timestamp without time zone` ignoring the "+00:00") and times in other zones are
+converted first. Either way a row reads back as the same instants, whatever the
+session's TimeZone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import text
+
+from ledger import jobruns
+from ledger.jobruns import JobRunRow
+
+T0 = datetime(2026, 12, 1, 3, 4, 5, tzinfo=UTC)
+EAST = timezone(timedelta(hours=5, minutes=30))
+
+
+def row(job_id: int, zone: Any, *, started: bool = True) -> JobRunRow:
+    at = T0.astimezone(zone)
+    return JobRunRow(
+        "c1", job_id, 0, at - timedelta(seconds=30), str(job_id), "physics", "alice", "gpu", "COMPLETED",
+        at if started else None, at + timedelta(seconds=60) if started else None, 60 if started else 0,
+        "a100:1", "gpu0001", None, "", 0, at + timedelta(hours=1),
+    )  # fmt: skip
+
+
+def test_copied_rows_read_back_as_the_same_instants(tx_pg: Callable[[], Any]) -> None:
+    rows = [row(1000 + n, (UTC, EAST)[n % 2], started=n % 3 != 0) for n in range(jobruns._COPY_MIN_ROWS)]
+    with tx_pg() as s:
+        s.execute(text("SET LOCAL TIME ZONE 'America/New_York'"))
+        jobruns.insert_job_runs(s, rows)
+    with tx_pg() as s:
+        stored = jobruns.load_job_runs(s, {("c1", r.job_id) for r in rows})
+        ingested = dict(s.execute(text("SELECT job_id, ingested_at FROM job_runs")).all())
+    assert len(stored) == len(rows)
+    for r in rows:
+        got = stored[("c1", r.job_id, 0, r.submitted_at)]  # keys compare as instants
+        assert got.submitted_at == T0 - timedelta(seconds=30)
+        assert got.start_at == (T0 if r.start_at is not None else None)
+        assert ingested[r.job_id] == (T0 + timedelta(hours=1)).replace(tzinfo=None)  # naive UTC, as stored
