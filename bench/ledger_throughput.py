@@ -155,11 +155,18 @@ def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
-        batches = re.search(r"group commit: (\d+) requests in (\d+) batches", log_path.read_text())
+        batches = re.search(
+            r"group commit: (\d+) requests in (\d+) batches(?:; writer ([\d.]+) ms CPU, ([\d.]+) ms wall)?",
+            log_path.read_text(),
+        )
         if batches:
             requests, count = int(batches.group(1)), int(batches.group(2))
+            writer = f"; writer {batches.group(3)} ms CPU, {batches.group(4)} ms wall per request" * bool(
+                batches.group(3)
+            )
             print(
                 f"daemon  {requests} requests in {count} batches ({requests / max(count, 1):.1f} per batch)"
+                + writer
             )
 
 

@@ -337,7 +337,14 @@ class Daemon:
                 signal.signal(signum, handler)
             server.server_close()
             self.batches.stop()
-            log.info("group commit: %d requests in %d batches", self.batches.requests, self.batches.batches)
+            done = self.batches
+            log.info(
+                "group commit: %d requests in %d batches; writer %.3f ms CPU, %.3f ms wall per request",
+                done.requests,
+                done.batches,
+                1000 * done.cpu_seconds / max(done.requests, 1),
+                1000 * done.wall_seconds / max(done.requests, 1),
+            )
             stop_metrics()
             path.unlink(missing_ok=True)
             self.engine.dispose()
