@@ -461,35 +461,14 @@ class Simulation:
         }
         try:
             with self._op("hold") as s:
-                if self.config.mode == "lease":
-                    hold_id = self._lease_hold(s, job)
-                else:
-                    hold_id = int(hook_service.hold(s, request, grace_seconds=GRACE_SECONDS)["id"])
+                hold = hook_service.hold(
+                    s, request, grace_seconds=GRACE_SECONDS, lease_seconds=self.config.lease_window_seconds
+                )
+                hold_id = int(hold["id"])
         except LedgerError as error:
             self._refused(job, node, error.code)
             return
         self._start(job, node, hold_id=hold_id)
-
-    def _lease_hold(self, s: Session, job: Job) -> int:
-        """Lease mode's hold: the daemon's `hold` takes no lease window yet, so the
-        simulator asks the ledger for the same hold with one (`api.create_hold`)."""
-        spec = job.spec
-        return api.create_hold(
-            s,
-            spec.account,
-            user=spec.user,
-            job_id=spec.job_id,
-            gpus={spec.gpu_type: spec.gpus},
-            seconds=spec.limit_seconds,
-            cluster=CLUSTER,
-            run=job.run,
-            partition=PARTITION,
-            at=at(self.now),
-            grace_seconds=GRACE_SECONDS,
-            started_at=at(self.now),
-            submitted_at=at(job.submit),
-            lease_seconds=self.config.lease_window_seconds,
-        ).id
 
     def _within_lines(self, spec: JobSpec) -> bool:
         """The hooks' outage credit lines: admit a run while the spooled estimates
