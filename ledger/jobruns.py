@@ -345,7 +345,40 @@ def insert_job_runs(s: Session, rows: Sequence[JobRunRow]) -> None:
         except dbapi.IntegrityError as error:  # the driver's own: say it the way SQLAlchemy does
             raise IntegrityError("COPY job_runs", None, error) from error
         return
+    if s.get_bind().dialect.name == "sqlite" and len(rows) >= _COPY_MIN_ROWS:
+        _sqlite_insert(s, rows)
+        return
     s.execute(insert(job_runs_t), [_as_dict(row) for row in rows])
+
+
+def _sqlite_text(value: datetime | None) -> str | None:
+    """A time as SQLAlchemy binds a UTCDateTime on SQLite (naive UTC, microseconds spelt out)."""
+    naive = _naive_utc(value)
+    return None if naive is None else naive.isoformat(" ", "microseconds")
+
+
+def _sqlite_insert(s: Session, rows: Sequence[JobRunRow]) -> None:
+    """Many rows through the driver's executemany: SQLAlchemy's per-value bind processing
+    (four times per row) cost more than SQLite's own insert. The rows are the same text."""
+    quote = s.get_bind().dialect.identifier_preparer.quote
+    sql = (
+        f"INSERT INTO job_runs ({', '.join(quote(c) for c in JobRunRow._fields)}) "
+        f"VALUES ({', '.join('?' for _ in JobRunRow._fields)})"
+    )
+    values = []
+    for row in rows:
+        values.append(
+            (
+                *row[:3],
+                _sqlite_text(row.submitted_at),
+                *row[4:9],
+                _sqlite_text(row.start_at),
+                _sqlite_text(row.end_at),
+                *row[11:17],
+                _sqlite_text(row.ingested_at),
+            )
+        )
+    s.connection().exec_driver_sql(sql, values)
 
 
 def _driver_cursor(s: Session) -> Any:
@@ -361,6 +394,8 @@ def _naive_utc(value: datetime | None) -> datetime | None:
         return None
     if value.tzinfo is UTC:  # combine() drops the zone ~5x faster than replace(tzinfo=None)
         return datetime.combine(value.date(), value.time())
+    if value.tzinfo is None:  # as UTCDateTime refuses it
+        raise ValueError("naive datetime given to the ledger; use aware UTC")
     return value.astimezone(UTC).replace(tzinfo=None)
 
 
