@@ -23,7 +23,7 @@ Note: slurm.log_user/log_info/log_error are string.format wrappers, so
 text we did not write is always passed as an argument to "%s".
 --]]
 
-local SOCKET_PATH = "@SOCKET@"
+local SOCKET_PATH = "@SOCKET@"     -- daemon sockets, primary first, separated by spaces
 local POLICY = "@POLICY@"          -- on_ledger_unreachable: "reject" | "accept"
 local TIMEOUT = "@TIMEOUT@"        -- seconds for the whole exchange
 
@@ -32,6 +32,11 @@ local TIMEOUT = "@TIMEOUT@"        -- seconds for the whole exchange
 -- substitution would rewrite that text too.)
 if SOCKET_PATH:sub(1, 1) == "@" or SOCKET_PATH == "" then
     SOCKET_PATH = "/run/gpucredit/daemon.sock"
+end
+-- Two controllers (daemon.sockets): every daemon is tried, primary first.
+local SOCKETS = {}
+for path in SOCKET_PATH:gmatch("%S+") do
+    SOCKETS[#SOCKETS + 1] = path
 end
 if POLICY ~= "accept" then
     POLICY = "reject"    -- anything but an explicit "accept" fails closed
@@ -355,15 +360,11 @@ end
 ---------------------------------------------------------------------------
 -- The exchange: one request line out, one reply line back, within TIMEOUT.
 
-local function ask_daemon(line)
-    if not unix then
-        fail("luasocket (socket.unix) is not available")
-    end
-    local deadline = socket.gettime() + TIMEOUT
+local function ask_one(path, line, deadline)
     local function remaining()
         local left = deadline - socket.gettime()
         if left <= 0 then
-            fail("timeout talking to " .. SOCKET_PATH)
+            fail("timeout talking to " .. path)
         end
         return left
     end
@@ -371,9 +372,9 @@ local function ask_daemon(line)
     local ok, result = pcall(function()
         -- "t": a total limit per call, refreshed from the one deadline.
         sock:settimeout(remaining(), "t")
-        local connected, err = sock:connect(SOCKET_PATH)
+        local connected, err = sock:connect(path)
         if not connected then
-            fail("cannot connect to " .. SOCKET_PATH .. ": " .. tostring(err))
+            fail("cannot connect to " .. path .. ": " .. tostring(err))
         end
         local sent = 0
         while sent < #line do
@@ -383,7 +384,7 @@ local function ask_daemon(line)
                 if partial and partial > sent then
                     sent = partial
                 else
-                    fail("send to " .. SOCKET_PATH .. " failed: " .. tostring(send_err))
+                    fail("send to " .. path .. " failed: " .. tostring(send_err))
                 end
             else
                 sent = last
@@ -395,7 +396,7 @@ local function ask_daemon(line)
             if recv_err == "closed" and partial and partial ~= "" then
                 return partial    -- the daemon closed right after its line
             end
-            fail("no reply from " .. SOCKET_PATH .. ": " .. tostring(recv_err))
+            fail("no reply from " .. path .. ": " .. tostring(recv_err))
         end
         return reply
     end)
@@ -404,6 +405,31 @@ local function ask_daemon(line)
         error(result, 0)
     end
     return result
+end
+
+-- Each daemon in turn within the one TIMEOUT, each try getting an equal share of the
+-- time left (a hanging primary still leaves the backup its share). A missing, refused,
+-- hanging or garbled daemon, or one saying it is "unavailable" (its database is down),
+-- passes the request on; any other answer is final. Returns the decoded reply.
+local function ask_daemon(line)
+    if not unix then
+        fail("luasocket (socket.unix) is not available")
+    end
+    local deadline = socket.gettime() + TIMEOUT
+    local why
+    for i, path in ipairs(SOCKETS) do
+        local share = (deadline - socket.gettime()) / (#SOCKETS - i + 1)
+        local ok, reply = pcall(function()
+            return decode(ask_one(path, line, socket.gettime() + share))
+        end)
+        local e = ok and type(reply) == "table" and reply.ok ~= true and type(reply.error) == "table"
+            and reply.error or nil
+        if ok and not (e and e.code == "unavailable") then
+            return reply
+        end
+        why = e and ("daemon error unavailable: " .. tostring(e.message)) or tostring(reply)
+    end
+    fail(why)
 end
 
 ---------------------------------------------------------------------------
@@ -428,7 +454,7 @@ local function apply_route(job_desc, result)
 end
 
 local function check_job(job_desc, part_list)
-    local reply = decode(ask_daemon(build_request(job_desc, part_list)))
+    local reply = ask_daemon(build_request(job_desc, part_list))
     if type(reply) ~= "table" then
         fail("garbled reply: not an object")
     end

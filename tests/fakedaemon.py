@@ -79,7 +79,9 @@ def fake_daemon(sockdir: Path) -> Iterator[Callable[[Responder], FakeDaemon]]:
     started: list[FakeDaemon] = []
 
     def start(responder: Responder) -> FakeDaemon:
-        daemon = FakeDaemon(str(sockdir / "daemon.sock"), responder)
+        # The first is daemon.sock (tests name it); more (two controllers) get their own.
+        name = "daemon.sock" if not started else f"daemon{len(started) + 1}.sock"
+        daemon = FakeDaemon(str(sockdir / name), responder)
         started.append(daemon)
         return daemon
 

@@ -458,3 +458,45 @@ def test_script_is_valid_lua_as_shipped() -> None:
     check = f"assert(loadfile({lua_literal(str(SCRIPT))}))"
     done = subprocess.run(["lua5.1", "-e", check], capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
+
+
+# --- two controllers: every daemon in turn, within one timeout ---------------------------------
+
+ACCEPTED = "gpucredit: ~14.40 credits (2×h100 × 2 h), 112.40 available in physics"
+
+
+@pytest.mark.parametrize("primary", ["missing", "hanging", "unavailable", "garbled"])
+def test_the_backup_daemon_answers_when_the_primary_cannot(
+    fake_daemon: Callable[[Responder], FakeDaemon], sockdir: Path, tmp_path: Path, primary: str
+) -> None:
+    replies = {
+        "hanging": HANG,
+        "unavailable": {"ok": False, "error": {"code": "unavailable", "message": "ledger down"}},
+        "garbled": b"DENY\n",
+    }
+    first = None if primary == "missing" else fake_daemon(lambda _: replies[primary])
+    backup = fake_daemon(lambda _: decision("accept", ACCEPTED))
+    first_path = str(sockdir / "gone.sock") if first is None else first.path
+    outcome = run_script(tmp_path, f"{first_path} {backup.path}", timeout="0.6")
+    assert (outcome.rc, outcome.user, outcome.error) == (0, [ACCEPTED], [])
+    assert len(backup.requests) == 1
+    assert first is None or len(first.requests) == 1
+
+
+def test_a_refusal_from_the_primary_is_final(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    refusal = "gpucredit: job refused: account physics has 1.00 credits available; this job needs ~14.40"
+    primary = fake_daemon(lambda _: decision("reject", refusal))
+    backup = fake_daemon(lambda _: decision("accept", ACCEPTED))
+    outcome = run_script(tmp_path, f"{primary.path} {backup.path}")
+    assert (outcome.rc, outcome.user) == (-1, [refusal])
+    assert backup.requests == []
+
+
+def test_both_daemons_down_follows_policy_naming_the_last(sockdir: Path, tmp_path: Path) -> None:
+    outcome = run_script(tmp_path, f"{sockdir / 'a.sock'} {sockdir / 'b.sock'}")
+    assert (outcome.rc, outcome.user) == (-1, [UNAVAILABLE])
+    assert outcome.error[0].startswith(
+        f"gpucredit: credit check failed (cannot connect to {sockdir / 'b.sock'}"
+    )

@@ -338,3 +338,19 @@ def test_install_ships_gpucredits_own_job_submit_lua() -> None:
     fall back to the pass-through script, and every GPU job was accepted unquoted)."""
     assert slurmconf.PACKAGED_JOB_SUBMIT_LUA.is_file()
     assert "function slurm_job_submit" in slurmconf.PACKAGED_JOB_SUBMIT_LUA.read_text()
+
+
+def test_install_bakes_every_daemon_socket_into_job_submit(tmp_path: Path, fake_exe: Path) -> None:
+    """Two controllers: job_submit.lua tries the sockets of daemon.sockets in order."""
+    lua = tmp_path / "src.lua"
+    lua.write_text('local SOCKET_PATH = "@SOCKET@"\n')
+    config = tmp_path / "gpucredit.toml"
+    config.write_text('[daemon]\nsockets = ["/run/gc/primary.sock", "/run/gc/backup.sock"]\n')
+    install(str(tmp_path / "etc"), str(tmp_path / "h"), str(fake_exe), str(config), job_submit_lua=str(lua))
+    baked = (tmp_path / "etc" / "job_submit.lua").read_text()
+    assert baked == 'local SOCKET_PATH = "/run/gc/primary.sock /run/gc/backup.sock"\n'
+    config.write_text('[daemon]\nsockets = ["/run/gc/a b.sock"]\n')
+    with pytest.raises(ValueError, match="may not be empty or hold spaces"):
+        install(
+            str(tmp_path / "etc2"), str(tmp_path / "h2"), str(fake_exe), str(config), job_submit_lua=str(lua)
+        )

@@ -193,8 +193,12 @@ def render_job_submit(source: str, config_path: str) -> str:
     path = Path(config_path)
     config = load_config(path if path.is_file() else Path("/dev/null"))
     timeout = min(float(config["daemon"]["timeout_seconds"]), MAX_JOB_SUBMIT_TIMEOUT_SECONDS)
+    sockets = [str(path) for path in config["daemon"].get("sockets") or [config["daemon"]["socket"]]]
+    if any(not path or any(c.isspace() for c in path) for path in sockets):
+        raise ValueError(f"daemon.sockets: a socket path may not be empty or hold spaces: {sockets!r}")
     values = {
-        "@SOCKET@": str(config["daemon"]["socket"]),
+        # Several daemons (two controllers) are tried in this order, within one timeout.
+        "@SOCKET@": " ".join(sockets),
         "@POLICY@": str(config["policy"]["on_ledger_unreachable"]),
         "@TIMEOUT@": f"{timeout:g}",
     }
