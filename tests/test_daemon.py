@@ -170,7 +170,9 @@ def test_unlimited_time_is_refused_with_a_reason(client) -> None:
 
 
 def test_database_down_answers_unavailable(sockdir: Path) -> None:
-    with running("postgresql+psycopg://nobody@127.0.0.1:1/none", sockdir, sinfo_runner()):
+    """...and the job the prolog then parks is checked every release round, not only at
+    the next full scan, so it runs as soon as the ledger is back."""
+    with running("postgresql+psycopg://nobody@127.0.0.1:1/none", sockdir, sinfo_runner()) as daemon:
         client = DaemonClient(str(sockdir / "daemon.sock"), 5.0)
         with pytest.raises(DaemonUnreachable):
             client.call(
@@ -185,6 +187,7 @@ def test_database_down_answers_unavailable(sockdir: Path) -> None:
                 seconds=60,
                 nodes=1,
             )
+        assert daemon.credit_held == {5}
 
 
 def test_a_top_up_reaches_job_submit_through_the_refreshed_snapshot(client, tx) -> None:

@@ -141,8 +141,10 @@ class Daemon:
     def _hold(self, request: dict[str, Any]) -> Any:
         try:
             return self.batches.submit("hold", request)
-        except (InsufficientCredits, LimitExceeded):
-            # The prolog will hold this job; release it as soon as its account can pay.
+        except (InsufficientCredits, LimitExceeded, BatchFailed, OperationalError, DBAPIError):
+            # The prolog will hold this job (for credit, or "ledger unreachable"); check it
+            # every release round, so it runs as soon as its account can pay and the
+            # ledger answers, not at the next full scan.
             with self._lock:
                 self.credit_held.add(int(request["job_id"]))
             raise
