@@ -353,6 +353,8 @@ def insert_job_runs(s: Session, rows: Sequence[JobRunRow]) -> None:
 
 def _sqlite_text(value: datetime | None) -> str | None:
     """A time as SQLAlchemy binds a UTCDateTime on SQLite (naive UTC, microseconds spelt out)."""
+    if value is not None and value.tzinfo is UTC:  # the text without its "+00:00": no conversion
+        return value.isoformat(" ", "microseconds")[:26]
     naive = _naive_utc(value)
     return None if naive is None else naive.isoformat(" ", "microseconds")
 
@@ -366,7 +368,10 @@ def _sqlite_insert(s: Session, rows: Sequence[JobRunRow]) -> None:
         f"VALUES ({', '.join('?' for _ in JobRunRow._fields)})"
     )
     values = []
+    ingested: tuple[datetime | None, str | None] = (None, None)  # a batch's rows share one
     for row in rows:
+        if row.ingested_at is not ingested[0]:
+            ingested = (row.ingested_at, _sqlite_text(row.ingested_at))
         values.append(
             (
                 *row[:3],
@@ -375,7 +380,7 @@ def _sqlite_insert(s: Session, rows: Sequence[JobRunRow]) -> None:
                 _sqlite_text(row.start_at),
                 _sqlite_text(row.end_at),
                 *row[11:17],
-                _sqlite_text(row.ingested_at),
+                ingested[1],
             )
         )
     s.connection().exec_driver_sql(sql, values)
