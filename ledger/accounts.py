@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from ledger.bulk import among, select_many
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.journal import LockedAccount, accounts_t
 from ledger.models import Limit, Member, table_of
@@ -82,13 +83,20 @@ def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> d
     are only read: BEGIN IMMEDIATE already holds the whole database. Names that are no
     customer account are left out (`no_account` is the refusal).
     """
+    if not names and ids is None:
+        return {}
+    postgres = s.get_bind().dialect.name == "postgresql"
+    if ids is None or isinstance(ids, (list, tuple, set, frozenset)):
+        # One SQL text whatever the lists (select_many): on PostgreSQL, a transaction's
+        # first statement goes out with its BEGIN, one round trip for both.
+        if postgres not in _LOCK_QUERIES:
+            _LOCK_QUERIES[postgres] = _lock_query(postgres)
+        params = {"names": sorted(names), "ids": sorted(ids or ())}
+        return {row.id: LockedAccount(*row) for row in select_many(s, [(_LOCK_QUERIES[postgres], params)])[0]}
     wanted = []
     if names:
         wanted.append(accounts_t.c.name.in_(sorted(names)))
-    if ids is not None:
-        wanted.append(accounts_t.c.id.in_(ids))
-    if not wanted:
-        return {}
+    wanted.append(accounts_t.c.id.in_(ids))
     query = (
         select(*_LOCKED_COLUMNS)
         .where(accounts_t.c.kind == "customer", or_(*wanted))
@@ -97,6 +105,21 @@ def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> d
     if s.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
     return {row.id: LockedAccount(*row) for row in s.execute(query)}
+
+
+_LOCK_QUERIES: dict[bool, Any] = {}
+
+
+def _lock_query(postgres: bool) -> Any:
+    query = (
+        select(*_LOCKED_COLUMNS)
+        .where(
+            accounts_t.c.kind == "customer",
+            or_(among(accounts_t.c.name, "names", postgres), among(accounts_t.c.id, "ids", postgres)),
+        )
+        .order_by(accounts_t.c.id)
+    )
+    return query.with_for_update() if postgres else query
 
 
 def no_account(name: str) -> NotFound:

@@ -15,12 +15,13 @@ from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Column, Table, insert, update
+from sqlalchemy import Column, Table, any_, bindparam, insert, update
 from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
+    "among",
     "deferred_writes",
     "deferring",
     "insert_rows",
@@ -183,6 +184,14 @@ def update_rows(s: Session, table: Table, keys: Sequence[str], rows: Sequence[di
         f"WHERE {' AND '.join(f'{target}.{quote(k)} = v.{quote(k)}' for k in keys)}"
     )
     _send(s, sql, params)
+
+
+def among(column: Any, name: str, postgres: bool) -> Any:
+    """`column` is one of the list parameter `name`: `= ANY(...)` on PostgreSQL (one SQL
+    text whatever the list's length, as `select_many` needs), an expanding `IN` elsewhere."""
+    if postgres:
+        return column == any_(bindparam(name))
+    return column.in_(bindparam(name, expanding=True))
 
 
 class _Row(tuple):

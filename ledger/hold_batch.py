@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, any_, bindparam, or_, select, text
+from sqlalchemy import Integer, or_, select, text
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_t, lock_accounts, no_account
+from ledger.bulk import among as bulk_among
 from ledger.bulk import deferred_writes, insert_rows, select_many, update_rows
 from ledger.errors import LedgerError
 from ledger.grants import GrantState, grants_t
@@ -351,9 +352,7 @@ class _Queries:
 
     def __init__(self, postgres: bool) -> None:
         def among(column: Any, name: str) -> Any:
-            if postgres:
-                return column == any_(bindparam(name))
-            return column.in_(bindparam(name, expanding=True))
+            return bulk_among(column, name, postgres)
 
         self.allocations = select(allocations_t).where(among(allocations_t.c.hold_id, "holds"))
         self.limits = select(limits_t.c.account_id).where(among(limits_t.c.account_id, "accounts")).distinct()
