@@ -41,12 +41,15 @@ Throughput comes from batching (:func:`reconcile_runs`): one compact read per ba
 GPUs) equals the one stored for the same attempt: they are unchanged and cost
 nothing more. A second read loads the other runs' stored rows and holds; those that
 move no money are written in one statement (COPY on PostgreSQL) without any lock.
-A batch's runs that move money are applied one transaction per paying account,
-which locks that account alone (DESIGN §4): its adjustments in one ``adjust_holds``
-call, its job_runs rows in one statement. If the ledger refuses one run, its
-account's transaction is redone one run per transaction, so the refusal costs no
-other run. On PostgreSQL a batch's writes and transactions run in background
-threads while the next batch is read and planned (their time is mostly round trips).
+Runs that move money are queued over batches and applied in one transaction per
+flush, its accounts locked first in one statement in id order (as the daemon's group
+commit locks its batches, DESIGN §3): every account's adjustments in one
+``adjust_holds_many`` call, the unreserved runs in one ``record_unreserved_runs``
+call, the job_runs rows in one statement. If the ledger refuses one run, the flush is
+redone one transaction per account, and that account's one run per transaction, so
+the refusal costs no other run. On PostgreSQL a batch's writes and transactions run
+in background threads while the next batch is read and planned (their time is mostly
+round trips).
 """
 
 from __future__ import annotations
@@ -111,10 +114,10 @@ _MONEY_ACTIONS = frozenset({"settle", "adjust", "release", "unreserved"})
 REFUSED_ELAPSED_MAX_SECONDS = 1
 # Runs per batch: bounds each read, each bulk write and the memory they hold.
 DEFAULT_BATCH_RUNS = 5_000
-# Money-moving runs are queued over batches up to this many, then applied one
-# transaction per paying account.
+# Money-moving runs are queued over batches up to this many, then applied in one
+# transaction (one per account only when the ledger refuses one of them).
 MONEY_RUNS_PER_FLUSH = 2_000
-# Accounts whose money-moving transactions run at once (PostgreSQL; SQLite has one writer).
+# Flushes of money-moving runs whose transactions run at once (PostgreSQL; SQLite has one writer).
 MONEY_WORKERS = 4
 # job_runs.flags is String(128).
 _FLAGS_MAX_CHARS = 128

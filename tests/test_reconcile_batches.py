@@ -2,8 +2,9 @@
 refusal never loses another run, and a re-read window costs nothing unless a record
 changed -- then exactly that run is corrected. On both stores.
 
-Money-moving runs are applied one transaction per paying account (ledger.adjust_holds
-for the adjustments); unchanged runs are told apart by one compact read per batch.
+Money-moving runs are applied in one transaction for many accounts (adjust_holds_many,
+record_unreserved_runs), redone an account at a time when the ledger refuses one;
+unchanged runs are told apart by one compact read per batch.
 """
 
 from __future__ import annotations
@@ -258,3 +259,30 @@ def test_the_cli_refuses_a_batch_size_outside_its_bounds() -> None:
     result = CliRunner().invoke(cast(click.Command, _build()), ["bridge", "sacct", "--batch-runs", "0"])
     assert result.exit_code == 2
     assert "Invalid value for '--batch-runs': 0 is not in the range 1<=x<=100000." in result.output
+
+
+def test_a_refusal_inside_the_money_transaction_loses_no_other_account(
+    factory: sessionmaker[Session],
+) -> None:
+    """The money-moving runs of many accounts share one transaction; when the ledger
+    refuses one (here an unreserved run of an account the ledger does not know), the
+    others are redone an account at a time and only that run fails."""
+    short_physics = run_of(1)
+    settled(factory, short_physics, 3000)
+    unreserved_chemistry = run_of(2, "chemistry", "bob", elapsed_seconds=1800)
+    stranger = run_of(3, "nobody", "carol")
+    summary = reconcile(factory, [short_physics, unreserved_chemistry, stranger])
+    assert {name: n for name, n in summary.counts.items() if n} == {
+        "seen": 3,
+        "adjusted": 1,
+        "unreserved": 1,
+        "failed": 1,
+    }
+    assert charged(factory, 1) == (HOUR_A100, "")
+    assert charged(factory, 2) == (HOUR_A100 // 2, "unreserved")
+    assert charged(factory, 3) == (0, "error")
+    assert (available(factory, "physics"), available(factory, "chemistry")) == ("98.00", "99.00")
+    (failure,) = summary.failures
+    assert (failure.job_id, failure.detail) == (3, "not_found: account 'nobody' does not exist")
+    with factory() as s:
+        assert api.verify(s).ok
