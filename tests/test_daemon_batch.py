@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from gpucredit.daemon.server import Daemon
 from ledger import api
@@ -255,6 +255,34 @@ def test_a_database_failure_under_a_batch_commits_none_of_it(pg_url: str, tx_pg,
     with tx_pg() as s:
         assert api.balance(s, "physics")["available"] == "9.20"
         assert api.balance(s, "chem")["available"] == "12.80"
+
+
+def test_a_connection_that_died_while_idle_costs_no_request(pg_url: str, tx_pg, sockdir: Path) -> None:  # type: ignore[no-untyped-def]
+    """The writer skips the pool's ping on a connection used within the last second, so
+    one killed in that second (a database restart) is found dead by the next batch's
+    first statement: that batch goes again on a fresh connection instead of answering
+    `unavailable` to every client in it."""
+    with tx_pg() as s:
+        api.set_price(s, "h100", "3.60", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+        api.create_account(s, "physics")
+        api.topup(s, "physics", "20", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+    with running(pg_url, sockdir, sinfo_runner()):
+        client = DaemonClient(str(sockdir / "daemon.sock"), 60.0)
+        assert client.call("hold", **job(10, "physics", {"h100": 1}))["amount"] == "3.60"
+        killer = create_engine(pg_url)
+        with killer.connect() as other:  # every connection of the daemon's pool dies
+            killed = other.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        killer.dispose()
+        assert killed >= 1
+        assert client.call("hold", **job(11, "physics", {"h100": 2}))["amount"] == "7.20"
+    with tx_pg() as s:
+        assert api.balance(s, "physics")["available"] == "9.20"
+        assert api.verify(s).ok
 
 
 def test_a_batch_whose_batched_path_fails_is_redone_one_request_at_a_time(served, tx, sockdir: Path) -> None:

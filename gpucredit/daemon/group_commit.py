@@ -74,6 +74,10 @@ class BatchFailed(Exception):
     """The database failed under the batch: nothing of it was committed; retry."""
 
 
+class _StaleConnection(Exception):
+    """The batch's first statement found its pooled connection dead: nothing was sent."""
+
+
 class _FastPathFailed(Exception):
     """The batched path raised: its transaction is rolled back and the batch redone."""
 
@@ -202,14 +206,22 @@ class GroupCommitter:
     def _apply(self, batch: Sequence[Pending]) -> None:
         try:
             try:
-                self._write(batch, fast=self.fast is not None)
+                try:
+                    self._write(batch, fast=self.fast is not None)
+                except _StaleConnection as stale:
+                    # What the skipped pre-ping would have caught (ping_when_idle): the
+                    # database restarted since this connection was last used. The pool
+                    # has dropped it; the batch goes once more on a fresh one.
+                    log.warning("a pooled connection had died (%s); the batch goes again", stale.__cause__)
+                    self._write(batch, fast=self.fast is not None)
             except _FastPathFailed:
                 # Nothing of that transaction stayed; the requests go one by one in a new one.
                 log.exception("the batched path failed; applying %d requests one at a time", len(batch))
                 for pending in batch:
                     pending.result, pending.error = None, None
                 self._write(batch, fast=False)
-        except SQLAlchemyError as error:
+        except (SQLAlchemyError, _StaleConnection) as failure:
+            error = failure.__cause__ if isinstance(failure, _StaleConnection) else failure
             log.error(
                 "ledger database failed under a batch of %d; none of it committed: %s",
                 len(batch),
@@ -221,7 +233,12 @@ class GroupCommitter:
 
     def _write(self, batch: Sequence[Pending], *, fast: bool) -> None:
         with self.sessions() as s, s.begin():
-            prepared = None if self.prepare is None else self.prepare(s, batch)
+            try:
+                prepared = None if self.prepare is None else self.prepare(s, batch)
+            except Exception as error:
+                if _connection_lost(s, error):
+                    raise _StaleConnection() from error
+                raise
             left = list(batch)
             if fast:
                 assert self.fast is not None
@@ -246,6 +263,23 @@ class GroupCommitter:
             if not isinstance(error, (LedgerError, SQLAlchemyError, LookupError, TypeError, ValueError)):
                 log.exception("%s request failed: %r", pending.op, pending.request)
             pending.error = error
+
+
+def _connection_lost(s: Session, error: Exception) -> bool:
+    """Whether `error` means the session's connection is dead; if so it is invalidated, so
+    the pool never hands it out again. The pipelined reads (ledger.bulk.select_many) talk
+    to psycopg directly, so their errors are the driver's, not SQLAlchemy's."""
+    if isinstance(error, DBAPIError):
+        return bool(error.connection_invalidated)
+    try:
+        connection = s.connection()
+        driver = connection.connection.driver_connection
+    except SQLAlchemyError:
+        return False
+    if not getattr(driver, "broken", False) and not getattr(driver, "closed", False):
+        return False
+    connection.invalidate(error)
+    return True
 
 
 def _still_usable(s: Session) -> bool:
