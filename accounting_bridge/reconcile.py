@@ -278,8 +278,15 @@ def _rate(
 
 
 def _same_attempt(hold: HoldView, run: SacctRun) -> bool:
-    """The hold was taken for this very attempt (the hooks sent its submit time)."""
-    return run.submit is not None and hold.submitted_at == run.submit
+    """The hold was taken for this very attempt (the hooks sent its submit time).
+
+    SubmitTime is whole seconds, and Slurm resets it at each requeue: a start the prolog
+    refused, requeued within the second of the previous requeue, shares it with the next
+    attempt. So an attempt that ran no time at all claims only a hold of its own run
+    index; it costs nothing whichever hold it is told apart from."""
+    if run.submit is None or hold.submitted_at != run.submit:
+        return False
+    return hold.run == run.run or run.elapsed_seconds > 0
 
 
 def plan_run(

@@ -160,11 +160,6 @@ def test_simulated_times_are_aware() -> None:
     assert datetime(2026, 12, 1, tzinfo=UTC) == T0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in accounting_bridge/reconcile.py: a hold is matched by submit time alone, "
-    "so a refused attempt's row settles the next attempt's running hold (found by the full run)",
-)
 def test_bridge_never_settles_a_running_attempt_from_a_refused_one(tmp_path: Path) -> None:
     """Two attempts with one SubmitTime (a refusal requeued in the second of the last
     requeue): the first refused at the prolog (REQUEUED, Start == End, no hold), the
