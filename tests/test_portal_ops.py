@@ -254,7 +254,7 @@ def test_counters_only_grow_and_lags_appear_once_there_is_something_to_lag(
     assert value(found, "gpucredit_credits_returned_total", account="physics") == 0.1
     assert value(found, "gpucredit_credits_held", account="physics") == 0.0
     assert value(found, "gpucredit_charged_gpu_seconds_total", gres="h100", partition="none") == 5400.0
-    assert 30 <= (value(found, "gpucredit_meter_lag_seconds") or 0) < 3600  # the meter's heartbeat, not charges
+    assert 30 <= (value(found, "gpucredit_meter_lag_seconds") or 0) < 3600  # a heartbeat, not charges
 
 
 def test_metrics_count_the_portals_requests(client: FlaskClient) -> None:
