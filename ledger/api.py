@@ -137,6 +137,7 @@ __all__ = [
     "FairnessInputs",
     "HoldState",
     "JobRecord",
+    "LockedAccount",
     "MemberEnforcement",
     "OutageBound",
     "OutageConfig",

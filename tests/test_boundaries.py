@@ -26,6 +26,7 @@ NOT_CHECKED = {"ledger", "tests", "bench", "build", "dist", "docs", "conf", "mk"
 PUBLIC: dict[str, frozenset[str] | None] = {
     "ledger.api": None,  # money: every read and change
     "ledger.jobruns": None,  # the bridge's projections (job_runs, cursors) and bulk hold reads
+    "ledger.jobrun_records": None,  # the bridge's one compact read of stored runs per batch
     "ledger.errors": None,
     "ledger.money": frozenset({"format_credits", "parse_credits", "format_rate"}),  # the edge only
     "ledger.timeutil": None,
