@@ -22,15 +22,16 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import lock_account, lock_accounts, no_account
-from ledger.bulk import insert_rows, update_rows
+from ledger.bulk import update_rows
 from ledger.errors import InvalidInput, NotFound
-from ledger.grants import GrantState, create_grant, grants_t, save_grants
+from ledger.grants import GrantState, create_grant, grants_by_account, grants_t, save_grants
 from ledger.holds import (
     Allocation,
     HoldState,
     _draw,
     _hold_query,
     _refund,
+    _save_allocations_many,
     _to_state,
     allocations_t,
     holds_t,
@@ -172,22 +173,7 @@ def grants_of_accounts(
     if touched:
         where = or_(where, grants_t.c.id.in_(sorted(touched)))
     query = select(grants_t).where(grants_t.c.account_id.in_(sorted(found)), where)
-    for r in s.execute(query):
-        found[r.account_id].append(
-            GrantState(
-                r.id,
-                r.amount_ucredits,
-                r.remaining_ucredits,
-                r.earmarked_ucredits,
-                r.effective_at,
-                r.expires_at,
-                r.priority,
-                r.source,
-            )
-        )
-    for grants in found.values():
-        grants.sort(key=GrantState.burn_key)
-    return found
+    return found | grants_by_account(s.execute(query))
 
 
 def _apply_segments(
@@ -225,7 +211,7 @@ def _apply_segments(
             rest[name] = left
     post_batch(s, batch)
     save_grants(s, every_grant)
-    _save_allocations(s, {hold.id: allocations[hold.id] for hold in done})
+    _save_allocations_many(s, {hold.id: allocations[hold.id] for hold in done})
     update_rows(
         s,
         holds_t,
@@ -283,22 +269,3 @@ def _segment(
         if unplaced:
             return drafts, done, unplaced, due[position + 1 :]
     return drafts, done, 0, []
-
-
-def _save_allocations(s: Session, allocations: dict[int, dict[int, Allocation]]) -> None:
-    new: list[dict[str, int]] = []
-    changed: list[dict[str, int]] = []
-    for hold_id, by_grant in allocations.items():
-        for a in by_grant.values():
-            if a.dirty:
-                (new if a.is_new else changed).append(
-                    {
-                        "hold_id": hold_id,
-                        "grant_id": a.grant_id,
-                        "earmarked_ucredits": a.earmarked_ucredits,
-                        "drawn_ucredits": a.drawn_ucredits,
-                    }
-                )
-                a.is_new = a.dirty = False  # written: a later segment updates them
-    insert_rows(s, allocations_t, new)
-    update_rows(s, allocations_t, ("hold_id", "grant_id"), changed)

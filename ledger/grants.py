@@ -7,6 +7,7 @@ A grant is active at t when effective_at <= t < expires_at. Its free part is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -69,21 +70,28 @@ def load_grants(
         query = query.where(grants_t.c.remaining_ucredits > 0)
     if ids is not None:
         query = query.where(grants_t.c.id.in_(ids))
-    grants = [
-        GrantState(
-            r.id,
-            r.amount_ucredits,
-            r.remaining_ucredits,
-            r.earmarked_ucredits,
-            r.effective_at,
-            r.expires_at,
-            r.priority,
-            r.source,
+    return grants_by_account(s.execute(query)).get(account_id, [])
+
+
+def grants_by_account(rows: Iterable[Any]) -> dict[int, list[GrantState]]:
+    """`grants` rows as each account's grants, in burn order."""
+    by_account: dict[int, list[GrantState]] = {}
+    for r in rows:
+        by_account.setdefault(r.account_id, []).append(
+            GrantState(
+                r.id,
+                r.amount_ucredits,
+                r.remaining_ucredits,
+                r.earmarked_ucredits,
+                r.effective_at,
+                r.expires_at,
+                r.priority,
+                r.source,
+            )
         )
-        for r in s.execute(query)
-    ]
-    grants.sort(key=GrantState.burn_key)
-    return grants
+    for grants in by_account.values():
+        grants.sort(key=GrantState.burn_key)
+    return by_account
 
 
 def save_grants(s: Session, grants: list[GrantState]) -> None:

@@ -28,7 +28,7 @@ from ledger.accounts import limits_t, lock_accounts, no_account
 from ledger.bulk import among as bulk_among
 from ledger.bulk import deferred_writes, insert_rows, select_many, update_rows
 from ledger.errors import LedgerError
-from ledger.grants import GrantState, grants_t
+from ledger.grants import GrantState, grants_by_account, grants_t
 from ledger.holds import (
     Allocation,
     HoldState,
@@ -42,6 +42,7 @@ from ledger.holds import (
     _HoldRequest,
     _reserve,
     _run_conflict,
+    _save_allocations_many,
     _settlement,
     _submit_time,
     _to_state,
@@ -164,7 +165,7 @@ def apply_holds_and_settles(
     capped = {row.account_id for row in fetched.get("limits", [])}
     existing = _holds_of_runs(fetched.get("runs", []), runs)
     prices = price_table(fetched["prices"]) if checked else None
-    grants = _grants_of(fetched.get("grants", []))
+    grants = grants_by_account(fetched.get("grants", []))
 
     drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
     resolved: list[dict[str, Any]] = []
@@ -257,20 +258,7 @@ def _write(
                 **fields,
             )
     post_batch(s, list(drafts.values()), ids=False)
-    changed_allocations: list[dict[str, int]] = []
-    for hold_id, by_grant in allocations.items():
-        for a in by_grant.values():
-            if a.dirty:
-                (new_allocations if a.is_new else changed_allocations).append(
-                    {
-                        "hold_id": hold_id,
-                        "grant_id": a.grant_id,
-                        "earmarked_ucredits": a.earmarked_ucredits,
-                        "drawn_ucredits": a.drawn_ucredits,
-                    }
-                )
-    insert_rows(s, allocations_t, new_allocations)
-    update_rows(s, allocations_t, ("hold_id", "grant_id"), changed_allocations)
+    _save_allocations_many(s, allocations, new_allocations)
     _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
     update_rows(s, holds_t, ("id",), resolved)
 
@@ -403,27 +391,6 @@ def _holds_of_runs(
         if (hold.cluster, hold.job_id) in jobs:
             found[(hold.cluster, hold.job_id, hold.run, hold.submitted_at)] = (hold, digest)
     return found
-
-
-def _grants_of(rows: Sequence[Any]) -> dict[int, list[GrantState]]:
-    """Grants by account, in burn order."""
-    by_account: dict[int, list[GrantState]] = {}
-    for r in rows:
-        by_account.setdefault(r.account_id, []).append(
-            GrantState(
-                r.id,
-                r.amount_ucredits,
-                r.remaining_ucredits,
-                r.earmarked_ucredits,
-                r.effective_at,
-                r.expires_at,
-                r.priority,
-                r.source,
-            )
-        )
-    for account_grants in by_account.values():
-        account_grants.sort(key=GrantState.burn_key)
-    return by_account
 
 
 def _save_grants(s: Session, grants: list[GrantState]) -> None:

@@ -983,9 +983,12 @@ def _save_charges(s: Session, holds: list[HoldState]) -> None:
     )
 
 
-def _save_allocations_many(s: Session, allocations: dict[int, dict[int, Allocation]]) -> None:
-    """`_save_allocations` for many holds: one INSERT and one UPDATE."""
-    new: list[dict[str, int]] = []
+def _save_allocations_many(
+    s: Session, allocations: dict[int, dict[int, Allocation]], new: list[dict[str, int]] | None = None
+) -> None:
+    """`_save_allocations` for many holds: one INSERT (with the `new` rows given, such as
+    new holds' earmarks) and one UPDATE. Written allocations are clean again."""
+    new = list(new or [])
     changed: list[dict[str, int]] = []
     for hold_id, by_grant in allocations.items():
         for a in by_grant.values():
@@ -998,6 +1001,7 @@ def _save_allocations_many(s: Session, allocations: dict[int, dict[int, Allocati
                         "drawn_ucredits": a.drawn_ucredits,
                     }
                 )
+                a.is_new = a.dirty = False
     insert_rows(s, allocations_t, new)
     update_rows(s, allocations_t, ("hold_id", "grant_id"), changed)
 
