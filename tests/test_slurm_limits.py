@@ -245,7 +245,9 @@ def test_an_account_past_its_daily_cap_is_blocked_until_the_next_day(
         shown = json.loads(
             cluster.gpucredit("limits", "sync", "--dry-run", "--at", at_noon, "--format", "json")
         )
-        assert shown["changes"] == []
+        # Only this account: the keeper may still be blocking accounts an earlier test left
+        # without credit (it syncs them in the background), which this test does not wait for.
+        assert [c for c in shown["changes"] if c["name"] == account] == []
         job = cluster.box.submit(
             ["-A", account, *ONPREM, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2"]
         )
