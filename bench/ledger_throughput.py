@@ -190,7 +190,7 @@ def hook_requests(account: str, job_id: int) -> tuple[dict[str, Any], dict[str, 
         "nodes": 1,
         "start": _iso(start),
     }
-    settle = {**job, "start": _iso(start), "end": _iso(start + timedelta(seconds=1800))}
+    settle = {**job, "start": _iso(start), "end": _iso(start + timedelta(seconds=1800)), "account": account}
     return hold, settle
 
 

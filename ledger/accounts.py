@@ -89,10 +89,8 @@ def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> d
     if ids is None or isinstance(ids, (list, tuple, set, frozenset)):
         # One SQL text whatever the lists (select_many): on PostgreSQL, a transaction's
         # first statement goes out with its BEGIN, one round trip for both.
-        if postgres not in _LOCK_QUERIES:
-            _LOCK_QUERIES[postgres] = _lock_query(postgres)
         params = {"names": sorted(names), "ids": sorted(ids or ())}
-        return {row.id: LockedAccount(*row) for row in select_many(s, [(_LOCK_QUERIES[postgres], params)])[0]}
+        return {row.id: LockedAccount(*row) for row in select_many(s, [(lock_query(postgres), params)])[0]}
     wanted = []
     if names:
         wanted.append(accounts_t.c.name.in_(sorted(names)))
@@ -110,16 +108,16 @@ def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> d
 _LOCK_QUERIES: dict[bool, Any] = {}
 
 
-def _lock_query(postgres: bool) -> Any:
-    query = (
-        select(*_LOCKED_COLUMNS)
-        .where(
+def lock_query(postgres: bool) -> Any:
+    """The statement of `lock_accounts`, taking lists `names` and `ids` (`select_many`)."""
+    if postgres not in _LOCK_QUERIES:
+        query = select(*_LOCKED_COLUMNS).where(
             accounts_t.c.kind == "customer",
             or_(among(accounts_t.c.name, "names", postgres), among(accounts_t.c.id, "ids", postgres)),
         )
-        .order_by(accounts_t.c.id)
-    )
-    return query.with_for_update() if postgres else query
+        query = query.order_by(accounts_t.c.id)
+        _LOCK_QUERIES[postgres] = query.with_for_update() if postgres else query
+    return _LOCK_QUERIES[postgres]
 
 
 def no_account(name: str) -> NotFound:

@@ -56,7 +56,15 @@ from ledger.history import (
     job_record,
     running_totals,
 )
-from ledger.hold_batch import apply_holds_and_settles, create_holds, find_active_holds, settle_holds
+from ledger.hold_batch import (
+    LockedBatch,
+    active_holds_among,
+    apply_holds_and_settles,
+    create_holds,
+    find_active_holds,
+    lock_batch,
+    settle_holds,
+)
 from ledger.holds import (
     ActiveRun,
     HoldState,
@@ -71,7 +79,6 @@ from ledger.holds import (
     holds_page,
     list_active_runs,
     list_holds,
-    lock_batch,
     record_unreserved_run,
     release_hold,
     settle_hold,
@@ -138,6 +145,7 @@ __all__ = [
     "HoldState",
     "JobRecord",
     "LockedAccount",
+    "LockedBatch",
     "MemberEnforcement",
     "OutageBound",
     "OutageConfig",
@@ -156,6 +164,7 @@ __all__ = [
     "account_summary",
     "account_totals",
     "accruals",
+    "active_holds_among",
     "add_gpu_usage",
     "add_member",
     "adjust",

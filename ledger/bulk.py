@@ -10,22 +10,25 @@ parameters whatever their number. SQLite runs executemany in-process, already fa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Column, Table, any_, bindparam, insert, update
+from sqlalchemy import Column, Table, any_, bindparam, func, insert, select, tuple_, update
 from sqlalchemy import bindparam as _bindparam
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
     "among",
+    "among_pairs",
     "deferred_writes",
     "deferring",
     "insert_rows",
     "insert_rows_referencing",
+    "pair_params",
     "select_many",
     "update_rows",
 ]
@@ -192,6 +195,32 @@ def among(column: Any, name: str, postgres: bool) -> Any:
     if postgres:
         return column == any_(bindparam(name))
     return column.in_(bindparam(name, expanding=True))
+
+
+def among_pairs(left: Any, right: Any, name: str, postgres: bool) -> Any:
+    """(`left`, `right`) is one of the pairs bound as `name` (`pair_params`). On PostgreSQL
+    an IN over the unnest of two arrays, which plans as one unique-index probe per pair
+    whatever the table's statistics say: `a = ANY(...) AND b = ANY(...)` on a young table
+    (no statistics yet) probed the index on `a` alone and filtered every row of it."""
+    if postgres:
+        pairs = (
+            func.unnest(
+                bindparam(f"{name}_0", type_=ARRAY(left.type)),
+                bindparam(f"{name}_1", type_=ARRAY(right.type)),
+            )
+            .table_valued("a", "b")
+            .render_derived(name="pairs")
+        )
+        return tuple_(left, right).in_(select(pairs.c.a, pairs.c.b))
+    return tuple_(left, right).in_(bindparam(name, expanding=True))
+
+
+def pair_params(name: str, pairs: Iterable[tuple[Any, Any]], postgres: bool) -> dict[str, Any]:
+    """The parameters of `among_pairs(..., name, postgres)` for these pairs."""
+    ordered = sorted(set(pairs))
+    if postgres:
+        return {f"{name}_0": [a for a, _ in ordered], f"{name}_1": [b for _, b in ordered]}
+    return {name: ordered}
 
 
 class _Row(tuple):

@@ -17,16 +17,16 @@ already charged (a refund).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, or_, select, text
 from sqlalchemy.orm import Session
 
-from ledger.accounts import limits_t, lock_accounts, no_account
+from ledger.accounts import limits_t, lock_accounts, lock_query, no_account
 from ledger.bulk import among as bulk_among
-from ledger.bulk import deferred_writes, insert_rows, select_many, update_rows
+from ledger.bulk import among_pairs, deferred_writes, insert_rows, pair_params, select_many, update_rows
 from ledger.errors import LedgerError
 from ledger.grants import GrantState, grants_by_account, grants_t
 from ledger.holds import (
@@ -56,7 +56,16 @@ from ledger.timeutil import parse_seconds
 
 Outcome = HoldState | LedgerError | None
 
-__all__ = ["Outcome", "apply_holds_and_settles", "create_holds", "find_active_holds", "settle_holds"]
+__all__ = [
+    "LockedBatch",
+    "Outcome",
+    "active_holds_among",
+    "apply_holds_and_settles",
+    "create_holds",
+    "find_active_holds",
+    "lock_batch",
+    "settle_holds",
+]
 
 
 def create_holds(
@@ -87,6 +96,7 @@ def apply_holds_and_settles(
     settles: Sequence[tuple[int, int | str, datetime | None]],
     *,
     locked: dict[int, LockedAccount] | None = None,
+    read: Sequence[HoldState] | None = None,
 ) -> tuple[list[Outcome], list[Outcome]]:
     """The settles, then the holds, as `settle_hold` and `create_hold` on each in turn
     would leave them, read and written together: one statement per table.
@@ -95,7 +105,8 @@ def apply_holds_and_settles(
     elapsed seconds, effective time or None). Returns each one's outcome, in order.
     `locked`: accounts this transaction has already locked (`lock_batch`), by id; when it
     holds every account concerned they are not locked again. Entries posted here advance
-    those objects, and accounts locked here are added to it.
+    those objects, and accounts locked here are added to it. `read`: the settled holds as
+    this transaction read them under `locked` (`lock_batch`), so they are not read again.
     """
     created: list[Outcome] = [None] * len(holds)
     settled: list[Outcome] = [None] * len(settles)
@@ -105,7 +116,7 @@ def apply_holds_and_settles(
         return created, settled
     accounts = dict(locked or {})
     names = {req.account for req in checked.values()}
-    read = _read_holds(s, wanted)
+    read = [hold for hold in read if hold.id in wanted] if read is not None else _read_holds(s, wanted)
     if any(hold.account_id not in accounts for hold in read) or not names <= {
         a.name for a in accounts.values()
     }:
@@ -142,8 +153,7 @@ def apply_holds_and_settles(
     if hold_accounts:
         wanted_reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
     if runs:
-        clusters, job_ids = sorted({c for c, _ in runs}), sorted({j for _, j in runs})
-        wanted_reads.append(("runs", q.runs, {"clusters": clusters, "jobs": job_ids}))
+        wanted_reads.append(("runs", q.runs, pair_params("runs", runs, q.postgres)))
     if checked:
         wanted_reads.append(("prices", q.prices, {}))
         if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
@@ -308,21 +318,67 @@ def _read_holds(s: Session, wanted: dict[int, Any]) -> list[HoldState]:
     return [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
 
 
+@dataclasses.dataclass
+class LockedBatch:
+    """What `lock_batch` took and read: the accounts locked, by id, and every hold of the
+    batch's settle jobs, read under those locks."""
+
+    accounts: dict[int, LockedAccount]
+    holds: list[HoldState]
+
+
+def lock_batch(
+    s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]], *, owners_named: bool = False
+) -> LockedBatch:
+    """Lock, in id order, the accounts a batch will touch (those its holds name and those
+    owning its settles' `(cluster, job_id)`), then read those jobs' holds under the locks.
+
+    Two round trips on PostgreSQL whatever the batch: the jobs' owners (with the BEGIN),
+    then the lock and the read together. Owners are read before the lock and locked by
+    id (a hold's account never changes); a subquery under FOR UPDATE got a nested-loop
+    plan over all holds while a young table had no statistics.
+
+    `owners_named`: `accounts` names the settles' accounts too (the epilog sends its job's
+    account), so the owners are not read first: one round trip. A hold found under another
+    account is locked after the others by `apply_holds_and_settles`; should that cross
+    another batch's locks, PostgreSQL fails one of the two (a deadlock), retried."""
+    postgres = s.get_bind().dialect.name == "postgresql"
+    q = _queries(s)
+    jobs_params = pair_params("runs", jobs, postgres)
+    owners: list[int] = []
+    if jobs and not owners_named:
+        owners = sorted({row.account_id for row in select_many(s, [(q.owners, jobs_params)])[0]})
+    if not accounts and not owners:
+        return LockedBatch({}, [])
+    reads = [(lock_query(postgres), {"names": sorted(accounts), "ids": owners})]
+    if jobs:
+        reads.append((q.jobs, jobs_params))
+    locked, *held = select_many(s, reads)
+    return LockedBatch(
+        {row.id: LockedAccount(*row) for row in locked}, [_to_state(row) for rows in held for row in rows]
+    )
+
+
 def find_active_holds(
     s: Session, attempts: Sequence[tuple[str, int, datetime | None]]
 ) -> list[HoldState | None]:
     """`find_active_hold(s, cluster, job_id, submitted_at)` for each attempt, in one query."""
     if not attempts:
         return []
+    postgres = s.get_bind().dialect.name == "postgresql"
+    params = pair_params("runs", [(cluster, job_id) for cluster, job_id, _ in attempts], postgres)
+    return active_holds_among([_to_state(row) for row in s.execute(_queries(s).jobs, params)], attempts)
+
+
+def active_holds_among(
+    holds: Sequence[HoldState], attempts: Sequence[tuple[str, int, datetime | None]]
+) -> list[HoldState | None]:
+    """For each attempt, the hold `find_active_hold` would find among `holds` (every hold
+    of the attempts' jobs): the newest active one of that submit time, or of any."""
     newest: dict[tuple[str, int], list[HoldState]] = {}
-    query = _hold_query().where(
-        holds_t.c.state == "active",
-        holds_t.c.cluster.in_(sorted({cluster for cluster, _, _ in attempts})),  # the unique index
-        holds_t.c.job_id.in_(sorted({job_id for _, job_id, _ in attempts})),
-    )
-    for row in s.execute(query.order_by(holds_t.c.id.desc())):
-        hold = _to_state(row)
-        newest.setdefault((hold.cluster, hold.job_id), []).append(hold)
+    for hold in sorted(holds, key=lambda hold: -hold.id):
+        if hold.state == "active":
+            newest.setdefault((hold.cluster, hold.job_id), []).append(hold)
     found: list[HoldState | None] = []
     for cluster, job_id, submitted_at in attempts:
         wanted = None if submitted_at is None else (_submit_time(submitted_at), UNKNOWN_SUBMIT)
@@ -339,19 +395,18 @@ class _Queries:
     """The batch's reads, built once per dialect (`select_many` compiles each once)."""
 
     def __init__(self, postgres: bool) -> None:
+        self.postgres = postgres
+
         def among(column: Any, name: str) -> Any:
             return bulk_among(column, name, postgres)
 
         self.allocations = select(allocations_t).where(among(allocations_t.c.hold_id, "holds"))
         self.limits = select(limits_t.c.account_id).where(among(limits_t.c.account_id, "accounts")).distinct()
-        self.runs = (
-            _hold_query()
-            .add_columns(holds_t.c.request_hash.label("_digest"))
-            .where(
-                among(holds_t.c.cluster, "clusters"),  # the unique index
-                among(holds_t.c.job_id, "jobs"),
-            )
-        )
+        # Every hold of some jobs (the unique index), whatever their state; and their accounts.
+        of_jobs = among_pairs(holds_t.c.cluster, holds_t.c.job_id, "runs", postgres)
+        self.jobs = _hold_query().where(of_jobs)
+        self.owners = select(holds_t.c.account_id).where(of_jobs)
+        self.runs = self.jobs.add_columns(holds_t.c.request_hash.label("_digest"))
         self.prices = price_rows_query()
         self.hold_ids = (
             text(

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ledger.accounts import check_name, lock_account, lock_account_by_id, lock_accounts
+from ledger.accounts import check_name, lock_account, lock_account_by_id
 from ledger.bulk import insert_rows, update_rows
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, NotFound
 from ledger.grants import (
@@ -295,25 +295,6 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
         return found
 
     return [make((*r[:6], aware(r[6]), aware(r[7]), *r[8:13], aware(r[13]), *r[14:])) for r in rows]
-
-
-def lock_batch(
-    s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]]
-) -> dict[int, LockedAccount]:
-    """Lock, in id order, the accounts a batch will touch: those named by its holds and
-    those of the holds of its settles' `(cluster, job_id)` (the daemon's group commit).
-    Returns them by id: `create_holds` and `settle_holds` take them as `locked`."""
-    owners: set[int] = set()
-    if jobs:
-        # Read first, then lock by id: a subquery under FOR UPDATE gets a nested-loop plan
-        # over all holds while the planner has no statistics for a young table (25 ms).
-        # Every hold of the job, resolved ones too: a repeated settle replays one.
-        query = select(holds_t.c.cluster, holds_t.c.job_id, holds_t.c.account_id).where(
-            holds_t.c.cluster.in_(sorted({cluster for cluster, _ in jobs})),  # the unique index
-            holds_t.c.job_id.in_(sorted({job_id for _, job_id in jobs})),
-        )
-        owners = {account_id for cluster, job_id, account_id in s.execute(query) if (cluster, job_id) in jobs}
-    return lock_accounts(s, accounts, owners or None)
 
 
 def _lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:

@@ -574,6 +574,9 @@ class _Hook:
             "end": _iso(end),
             # Picks this job's hold if an old job with the same id left one active.
             "submit": _iso(submit) if submit is not None else None,
+            # Where the daemon queues this settle (one account's requests go to one of its
+            # writers); the charge is always to the hold's own account.
+            "account": self.environ.get("SLURM_JOB_ACCOUNT"),
         }
         try:
             hold = self.client().call("settle", **request)

@@ -152,6 +152,27 @@ def test_hold_and_settle_are_idempotent_per_run(client) -> None:
     assert missing.value.code == "not_found"
 
 
+def test_a_settle_charges_its_holds_account_whatever_account_it_names(client, tx) -> None:
+    """The epilog's account only says where the daemon queues the settle (and which
+    account it locks first); a wrong or unknown one never moves the charge."""
+    with tx() as s:
+        api.create_account(s, "chemistry")
+        api.topup(s, "chemistry", "5", effective_at=datetime(2026, 1, 1, tzinfo=UTC))
+    job = {"cluster": "lab", "run": 0, "start": "2026-12-02T10:00:00Z"}
+    for job_id in (61, 62, 63):
+        client.call(
+            "hold", **job, job_id=job_id, account="physics", user="alice", gpus={"h100": 1}, seconds=3600
+        )
+    settled = [
+        client.call("settle", **job, job_id=job_id, end="2026-12-02T10:30:00Z", account=named)
+        for job_id, named in ((61, "chemistry"), (62, "nosuch"), (63, 7))
+    ]
+    assert [(done["account"], done["charged"]) for done in settled] == [("physics", "1.80")] * 3
+    with tx() as s:
+        assert api.balance(s, "physics")["available"] == "14.60"  # 20 - 3 x 1.80
+        assert api.balance(s, "chemistry")["available"] == "5.00"
+
+
 def test_unlimited_time_is_refused_with_a_reason(client) -> None:
     with pytest.raises(DaemonRefused) as refused:
         client.call(

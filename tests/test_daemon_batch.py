@@ -89,7 +89,7 @@ class Calls:
         `gate`, once the writer has taken it and stopped at the gate)."""
         index = len(self.answers)
         self.answers.append(None)
-        waiting = self.daemon.batches._queue.qsize()
+        waiting = self.daemon.batches.waiting()
 
         def call() -> None:
             try:
@@ -103,7 +103,7 @@ class Calls:
         if gate is not None:
             wait_for(gate.entered.is_set, f"{op} {request} never reached the writer")
         else:
-            wait_for(lambda: self.daemon.batches._queue.qsize() > waiting, f"{op} {request} never queued")
+            wait_for(lambda: self.daemon.batches.waiting() > waiting, f"{op} {request} never queued")
 
     def join(self) -> list[Any]:
         for thread in self.threads:

@@ -576,6 +576,7 @@ def test_epilog_slurmctld_settles_with_the_runs_real_times(
             "start": "2026-12-02T10:00:01Z",
             "end": "2026-12-02T10:09:01Z",
             "submit": "2026-12-02T10:00:00Z",
+            "account": "physics",  # where the daemon queues it; the hold's account is charged
         }
     ]
     assert lines == [

@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ Prepare = Callable[[Session, Sequence["Pending"]], Any]
 # Answers what it can of a batch in a few statements: per request (result, None),
 # (None, its own error), or None to leave it to `work`, which runs after it.
 Fast = Callable[[Session, Sequence["Pending"], Any], Sequence["tuple[Any, BaseException | None] | None"]]
+
+# Which account a request concerns, or None where it cannot tell (then the first writer).
+Route = Callable[[str, dict[str, Any]], "str | None"]
 
 DEFAULT_BATCH_MAX = 64
 
@@ -83,16 +87,33 @@ class _FastPathFailed(Exception):
 
 
 class Pending:
-    """One queued request: filled in by the writer, waited on by its connection's thread."""
+    """One queued request, filled in by the writer: then `callback(result, error)` runs in
+    the writer's thread, or, without a callback, `done` is set for the waiting thread."""
 
-    __slots__ = ("done", "error", "op", "request", "result")
+    __slots__ = ("callback", "done", "error", "op", "request", "result")
 
-    def __init__(self, op: str, request: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        op: str,
+        request: dict[str, Any],
+        callback: Callable[[Any, BaseException | None], None] | None = None,
+    ) -> None:
         self.op = op
         self.request = request
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.callback = callback
+        self.done = threading.Event() if callback is None else None
+
+    def finish(self) -> None:
+        if self.callback is None:
+            assert self.done is not None
+            self.done.set()
+            return
+        try:
+            self.callback(self.result, self.error)
+        except Exception:  # the writer goes on to the next request whatever one reply does
+            log.exception("answering a %s request failed", self.op)
 
 
 class GroupCommitter:
@@ -107,6 +128,7 @@ class GroupCommitter:
         writers: int = 1,
         prepare: Prepare | None = None,
         fast: Fast | None = None,
+        route: Route | None = None,
     ) -> None:
         if not isinstance(batch_max, int) or isinstance(batch_max, bool) or batch_max < 1:
             raise ValueError(f"daemon.batch_max must be a whole number >= 1, not {batch_max!r}")
@@ -118,7 +140,10 @@ class GroupCommitter:
         self.batch_max = batch_max
         self.prepare = prepare
         self.fast = fast
-        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
+        self.route = route
+        # One queue per writer: `route` sends one account's requests to one writer, so two
+        # writers' batches lock different accounts and never wait on each other.
+        self._queues: list[queue.SimpleQueue[Pending | None]] = [queue.SimpleQueue() for _ in range(writers)]
         self._writer_threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
         # Sizes of the batches written, for metrics and the tests: (batches, requests),
@@ -130,22 +155,39 @@ class GroupCommitter:
 
     def submit(self, op: str, request: dict[str, Any]) -> Any:
         """Apply one request in the next batch; return its result or raise its own error."""
-        if op not in self.work:
-            raise KeyError(op)
-        self._ensure_writer()
         pending = Pending(op, request)
-        self._queue.put(pending)
+        self._enqueue(pending)
+        assert pending.done is not None
         pending.done.wait()
         if pending.error is not None:
             raise pending.error
         return pending.result
 
+    def submit_async(
+        self, op: str, request: dict[str, Any], callback: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """Apply one request in the next batch; `callback(result, error)` gets its outcome,
+        in the writer's thread (so it must be quick: the daemon queues the reply)."""
+        self._enqueue(Pending(op, request, callback))
+
+    def _enqueue(self, pending: Pending) -> None:
+        if pending.op not in self.work:
+            raise KeyError(pending.op)
+        self._ensure_writer()
+        key = None if self.route is None or self.writers == 1 else self.route(pending.op, pending.request)
+        writer = 0 if key is None else zlib.crc32(key.encode()) % self.writers
+        self._queues[writer].put(pending)
+
+    def waiting(self) -> int:
+        """Requests queued for the writers and not yet taken into a batch."""
+        return sum(requests.qsize() for requests in self._queues)
+
     def stop(self) -> None:
         """Let the writers finish what is queued, then end them."""
         with self._start_lock:
             writers, self._writer_threads = self._writer_threads, []
-        for _ in writers:
-            self._queue.put(None)
+        for n in range(len(writers)):
+            self._queues[n].put(None)
         for writer in writers:
             writer.join(30)
 
@@ -156,21 +198,24 @@ class GroupCommitter:
             if not self._writer_threads:
                 for n in range(self.writers):
                     writer = threading.Thread(
-                        target=self._write_forever, name=f"group-commit-{n}", daemon=True
+                        target=self._write_forever,
+                        args=(self._queues[n],),
+                        name=f"group-commit-{n}",
+                        daemon=True,
                     )
                     writer.start()
                     self._writer_threads.append(writer)
 
-    def _write_forever(self) -> None:
+    def _write_forever(self, requests: queue.SimpleQueue[Pending | None]) -> None:
         while True:
-            first = self._queue.get()
+            first = requests.get()
             if first is None:
                 return
             batch = [first]
             stopping = False
             while len(batch) < self.batch_max:
                 try:
-                    item = self._queue.get_nowait()
+                    item = requests.get_nowait()
                 except queue.Empty:
                     break  # flush now: nobody else is waiting
                 if item is None:
@@ -185,7 +230,7 @@ class GroupCommitter:
                     pending.result, pending.error = None, BatchFailed(repr(error))
             finally:
                 for pending in batch:
-                    pending.done.set()
+                    pending.finish()
             if stopping:
                 return
 

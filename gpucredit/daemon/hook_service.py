@@ -97,7 +97,7 @@ def apply_batch(
     *,
     grace_seconds: int,
     lease_seconds: int | None = None,
-    locked: dict[int, api.LockedAccount] | None = None,
+    locked: api.LockedBatch | None = None,
 ) -> list[Answer | None]:
     """The group commit's fast path: a batch's settles, then its holds, each set written in a
     few statements (ledger.hold_batch). Each request gets (result, None), (None, its refusal),
@@ -116,7 +116,9 @@ def apply_batch(
             answers[i] = (None, error)
         except (KeyError, TypeError, ValueError):
             continue  # the request alone says what is wrong with it
-    found = api.find_active_holds(s, [attempt for _, attempt, _ in settles])
+    attempts = [attempt for _, attempt, _ in settles]
+    # The holds `lock_batch` read under the batch's locks, or a read of them now.
+    found = api.active_holds_among(locked.holds, attempts) if locked else api.find_active_holds(s, attempts)
     due = [
         (i, hold, request) for (i, _, request), hold in zip(settles, found, strict=True) if hold is not None
     ]
@@ -124,7 +126,8 @@ def apply_batch(
         s,
         [arguments for _, arguments in holds],
         [(hold.id, *_settle_times(request, hold)) for _, hold, request in due],
-        locked=locked,
+        locked=locked.accounts if locked else None,
+        read=[hold for _, hold, _ in due] if locked else None,
     )
     for (i, _, _), outcome in zip(due, settled, strict=True):
         answers[i] = _answer(outcome)

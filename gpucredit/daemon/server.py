@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import signal
-import socketserver
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,14 +44,16 @@ from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
 from gpucredit.daemon.slurm_facts import SlurmFacts
+from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
-from ledger.api import LockedAccount, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
+from ledger.api import LockedBatch, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
 
 log = logging.getLogger("gpucredit.daemon")
 MAX_REQUEST_BYTES = 64 * 1024
+LISTEN_BACKLOG = 128
 FULL_SCAN_SECONDS = 60.0
 
 
@@ -118,6 +120,7 @@ class Daemon:
             # SQLite has one writer whatever we do; PostgreSQL overlaps batches' round trips.
             writers=1 if self.engine.dialect.name == "sqlite" else config["daemon"]["writers"],
             prepare=_lock_batch_accounts,
+            route=_account_of,
             fast=lambda s, batch, locked: service.apply_batch(
                 s,
                 [(p.op, p.request) for p in batch],
@@ -129,7 +132,7 @@ class Daemon:
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda request: {"pong": True},
             "submit": self._submit,
-            "hold": self._hold,
+            "hold": lambda request: self.batches.submit("hold", request),
             "settle": lambda request: self.batches.submit("settle", request),
             # Node hooks announce GPU registrations; the agent reads the registry files
             # themselves, so the daemon only acknowledges these.
@@ -138,16 +141,13 @@ class Daemon:
         }
         self.metrics = daemon_metrics.for_daemon(config, self.handlers)
 
-    def _hold(self, request: dict[str, Any]) -> Any:
-        try:
-            return self.batches.submit("hold", request)
-        except (InsufficientCredits, LimitExceeded, BatchFailed, OperationalError, DBAPIError):
+    def _note_refused_hold(self, request: dict[str, Any], error: BaseException) -> None:
+        if isinstance(error, (InsufficientCredits, LimitExceeded, BatchFailed, OperationalError, DBAPIError)):
             # The prolog will hold this job (for credit, or "ledger unreachable"); check it
             # every release round, so it runs as soon as its account can pay and the
             # ledger answers, not at the next full scan.
             with self._lock:
                 self.credit_held.add(int(request["job_id"]))
-            raise
 
     def _submit(self, request: dict[str, Any]) -> Any:
         if self.snapshots.stale(utcnow()):
@@ -180,12 +180,40 @@ class Daemon:
         return self.slurm_facts.gpu_types(partition)
 
     def handle(self, request: Any) -> dict[str, Any]:
+        """Answer one request, waiting for its batch if it is a hold or a settle."""
         started = time.perf_counter()
         reply = self._answer(request)
+        self._observe(request, started, reply)
+        return reply
+
+    def dispatch(self, line: bytes, reply: Reply) -> None:
+        """Answer one request line from the socket loop's thread: holds and settles go to
+        the group commit and are answered from the writer's thread when their batch is
+        written; everything else (quotes above all) is answered here and now."""
+        started = time.perf_counter()
+        try:
+            request = json.loads(line)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+            reply.send(_encode(_error("bad_request", "request is not JSON")))
+            return
+        op = request.get("op") if isinstance(request, dict) else None
+        if not isinstance(op, str) or op not in self.batches.work:
+            reply.send(_encode(self.handle(request)))
+            return
+
+        def answered(result: Any, error: BaseException | None) -> None:
+            answer = self._refusal(op, error) if error is not None else {"ok": True, "result": result}
+            if op == "hold" and error is not None:
+                self._note_refused_hold(request, error)
+            self._observe(request, started, answer)
+            reply.send(_encode(answer))
+
+        self.batches.submit_async(op, request, answered)
+
+    def _observe(self, request: Any, started: float, reply: dict[str, Any]) -> None:
         if self.metrics is not None:
             operation = request.get("op") if isinstance(request, dict) else None
             self.metrics.observe(operation, time.perf_counter() - started, reply)
-        return reply
 
     def _answer(self, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
@@ -195,15 +223,24 @@ class Daemon:
             return _error("unknown_op", f"unknown op {request['op']!r}")
         try:
             return {"ok": True, "result": handler(request)}
-        except LedgerError as error:
+        except Exception as error:
+            if request["op"] == "hold":
+                self._note_refused_hold(request, error)
+            return self._refusal(request["op"], error)
+
+    def _refusal(self, op: str, error: BaseException) -> dict[str, Any]:
+        if isinstance(error, LedgerError):
             return {"ok": False, "error": error.as_dict()}
-        except (OperationalError, DBAPIError) as error:
+        if isinstance(error, (OperationalError, DBAPIError)):
             log.error("ledger database unavailable: %s", error.orig if error.orig else error)
             return _unavailable()
-        except BatchFailed:  # logged once for the whole batch by the writer
+        if isinstance(error, BatchFailed):  # logged once for the whole batch by the writer
             return _unavailable()
-        except (KeyError, TypeError, ValueError) as error:
-            return _error("bad_request", f"malformed {request['op']} request: {error!r}")
+        if isinstance(error, (KeyError, TypeError, ValueError)):
+            return _error("bad_request", f"malformed {op} request: {error!r}")
+        # A bug, not an answer: the hooks treat it as an unreachable daemon (site policy).
+        log.error("%s request failed", op, exc_info=error)
+        return _error("unavailable", "the daemon failed on this request; see its log")
 
     def release_loop(self, stop: threading.Event, interval: float) -> None:
         """Release credit-held jobs whose account can now pay: the jobs this daemon
@@ -257,45 +294,27 @@ class Daemon:
         # The hooks' outage price sheet and the spool's read-back (docs/outage.md);
         # bad outage settings stop the daemon here.
         outage = OutageKeeper.from_config(self.sessions, self.config)
+        import sys as _sys
+
+        _sys.setswitchinterval(float(os.environ.get("GC_SWITCH", "0.005")))
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             path.unlink()
-        daemon = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            timeout = 30
-
-            def handle(self) -> None:
-                while True:
-                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-                    if not line:
-                        return
-                    if len(line) > MAX_REQUEST_BYTES:
-                        # The rest of that line is no request: answer, then hang up.
-                        self.reply(_error("bad_request", f"request longer than {MAX_REQUEST_BYTES} bytes"))
-                        return
-                    try:
-                        request = json.loads(line)
-                    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-                        self.reply(_error("bad_request", "request is not JSON"))
-                        continue
-                    self.reply(daemon.handle(request))
-
-            def reply(self, reply: dict[str, Any]) -> None:
-                self.wfile.write(json.dumps(reply, ensure_ascii=True).encode() + b"\n")
-                self.wfile.flush()
-
-        class Server(socketserver.ThreadingUnixStreamServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-        stop = stop or threading.Event()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: root / SlurmUser only
         try:
-            server = Server(str(path), Handler)
+            listener.bind(str(path))
         finally:
             os.umask(old_umask)
+        listener.listen(LISTEN_BACKLOG)
+        loop = SocketLoop(
+            listener,
+            self.dispatch,
+            max_line=MAX_REQUEST_BYTES,
+            too_long=_encode(_error("bad_request", f"request longer than {MAX_REQUEST_BYTES} bytes")),
+        )
+        stop = stop or threading.Event()
         owner = self.config["daemon"].get("socket_user")
         if owner:
             import pwd
@@ -323,21 +342,16 @@ class Daemon:
             daemon=True,
         ).start()
 
-        def shut_down_when_stopped() -> None:
-            stop.wait()
-            server.shutdown()
-
-        threading.Thread(target=shut_down_when_stopped, daemon=True).start()
         previous_handlers = _stop_on_signals(stop)
         log.info("gpucredit daemon listening on %s", path)
         if ready is not None:
             ready.set()
         try:
-            server.serve_forever(poll_interval=0.2)
+            loop.run(stop)
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-            server.server_close()
+            listener.close()
             self.batches.stop()
             done = self.batches
             log.info(
@@ -353,11 +367,14 @@ class Daemon:
             log.info("gpucredit daemon stopped")
 
 
-def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> dict[int, LockedAccount]:
+def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> LockedBatch:
     """Lock the accounts of a batch's holds and settles in id order before any runs, and
-    return them; a malformed request locks nothing and is refused on its own turn."""
+    read its settles' holds under the locks; a malformed request locks nothing and is
+    refused on its own turn. When every settle names its account (the epilog does), the
+    accounts are locked without first reading who owns the jobs."""
     accounts: set[str] = set()
     jobs: set[tuple[str, int]] = set()
+    named = True
     for pending in batch:
         request = pending.request
         try:
@@ -365,9 +382,21 @@ def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> dict[int, LockedAc
                 accounts.add(str(request["account"]))
             else:
                 jobs.add((str(request["cluster"]), int(request["job_id"])))
+                account = _account_of(pending.op, request)
+                if account is None:
+                    named = False
+                else:
+                    accounts.add(account)
         except (KeyError, TypeError, ValueError):
             continue
-    return lock_batch(s, accounts, jobs)
+    return lock_batch(s, accounts, jobs, owners_named=named)
+
+
+def _account_of(op: str, request: dict[str, Any]) -> str | None:
+    """The account a hold is for, or the one the epilog names with its settle: where it
+    is routed only (a settle charges its hold's own account, whatever a request says)."""
+    account = request.get("account")
+    return account if isinstance(account, str) else None
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
@@ -380,6 +409,10 @@ def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, lambda _signum, _frame: stop.set())
     return previous
+
+
+def _encode(reply: dict[str, Any]) -> bytes:
+    return json.dumps(reply, ensure_ascii=True).encode() + b"\n"
 
 
 def _unavailable() -> dict[str, Any]:
