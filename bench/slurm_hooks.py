@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.goals import report
 from slurmbox import SlurmBox, run
+from slurmbox.box import ETC_DIR
 
 GPUCREDIT = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucredit")
 CONFIG = os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml")
@@ -43,6 +44,9 @@ SBATCH = [
 ]
 
 
+ROUNDS = 6
+
+
 def sbatch_times(count: int) -> tuple[list[float], list[str]]:
     times, ids = [], []
     for _ in range(count):
@@ -51,6 +55,25 @@ def sbatch_times(count: int) -> tuple[list[float], list[str]]:
         times.append(time.perf_counter() - began)
         ids.append(done.stdout.strip())
     return times, ids
+
+
+def switch_script(box: SlurmBox, mode: str) -> list[str]:
+    """Install `mode`'s hooks and make sure slurmctld runs its job_submit.lua, and only
+    reloads it before the measured submissions. slurmctld reloads the script whenever its
+    mtime is past the last load, and the install dates it up to 2 s ahead (so a rewrite
+    within the second of the last load is not missed): every submission until then
+    reloads it. Wait that out, then let one submission load it; the warm-ups show which
+    script answered (gpucredit's quotes, on stderr)."""
+    box.use_hooks(mode)
+    script = Path(ETC_DIR) / "job_submit.lua"
+    time.sleep(max(0.0, script.stat().st_mtime + 1.1 - time.time()))
+    ids = []
+    for _ in range(3):  # the first also warm slurmctld's and the daemon's caches
+        done = subprocess.run(SBATCH, capture_output=True, text=True, check=True)
+        ids.append(done.stdout.strip())
+    if ("gpucredit:" in done.stderr) != (mode == "gpucredit"):
+        raise SystemExit(f"slurmctld did not switch to the {mode} job_submit.lua: {done.stderr!r}")
+    return ids
 
 
 def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
@@ -85,7 +108,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--submissions", type=int, default=60)
+    parser.add_argument("--submissions", type=int, default=120, help=f"per script, in {ROUNDS} blocks")
     parser.add_argument("--prolog-runs", type=int, default=100)
     args = parser.parse_args()
     box = SlurmBox()
@@ -99,14 +122,18 @@ def main() -> None:
     )
     ids: list[str] = []
     try:
-        box.use_hooks("passthrough")
-        ids += sbatch_times(5)[1]  # warm up slurmctld and the page cache
-        plain, more = sbatch_times(args.submissions)
-        ids += more
-        box.use_hooks("gpucredit")
-        ids += sbatch_times(5)[1]
-        with_gpucredit, more = sbatch_times(args.submissions)
-        ids += more
+        # The two scripts take turns in short blocks, in ABBA order: one long block each
+        # measured the machine's drift between them as much as the script (±10%).
+        plain: list[float] = []
+        with_gpucredit: list[float] = []
+        per_block = max(1, args.submissions // ROUNDS)
+        for turn in range(2 * ROUNDS):
+            mode, into = (("passthrough", plain), ("gpucredit", with_gpucredit))[turn % 4 in (1, 2)]
+            ids += switch_script(box, mode)
+            times, more = sbatch_times(per_block)
+            into += times
+            ids += more
+        ids += switch_script(box, "gpucredit")
         running = box.submit(["-A", "physics", "--gres=gpu:a100:1", "-t", "10", "--wrap", "sleep 600"])
         ids.append(str(running))
         box.wait_state(running, "RUNNING", timeout=60)
@@ -118,7 +145,7 @@ def main() -> None:
             run(["/usr/bin/scancel", *ids], check=False)
     plain_ms, gc_ms = statistics.median(plain) * 1000, statistics.median(with_gpucredit) * 1000
     print(
-        f"sbatch median over {args.submissions}: without gpucredit {plain_ms:.1f} ms, "
+        f"sbatch median over {len(plain)} each: without gpucredit {plain_ms:.1f} ms, "
         f"with gpucredit's job_submit {gc_ms:.1f} ms"
     )
     print(f"prolog-slurmctld hook over {args.prolog_runs} runs (a new hold each)")
