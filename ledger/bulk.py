@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
@@ -89,10 +90,12 @@ def _arrays(
     rows: Sequence[dict[str, Any]],
     others: dict[str, Column[Any]] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
-    """`CAST(%(cN)b AS type[])` per column, and the column arrays bound as the column's type would
+    """`CAST(%(cN)s AS type[])` per column, and the column arrays bound as the column's type would
     (`others`: the column whose type a name that is not `table`'s takes).
 
-    `%b` sends each array in binary: no text escaping of every element (5x faster here).
+    Integers, strings and timestamps go as one array literal each, built with `str.join`:
+    psycopg dumps a list element by element in Python, a third of the daemon writer's CPU.
+    Other types go as psycopg's binary arrays (`%b`).
     """
     dialect = s.get_bind().dialect
     casts: list[str] = []
@@ -102,9 +105,28 @@ def _arrays(
         values = [row[name] for row in rows]
         if isinstance(column.type, TypeDecorator):
             values = [column.type.process_bind_param(v, dialect) for v in values]
-        casts.append(f"CAST(%(c{i})b AS {column.type.compile(dialect=dialect)}[])")
-        params[f"c{i}"] = values
+        literal = _array_literal(values)
+        placeholder = f"%(c{i})b" if literal is None else f"%(c{i})s"
+        casts.append(f"CAST({placeholder} AS {column.type.compile(dialect=dialect)}[])")
+        params[f"c{i}"] = values if literal is None else literal
     return casts, params
+
+
+def _array_literal(values: Sequence[Any]) -> str | None:
+    """`values` as a PostgreSQL array literal ('{1,NULL,"a \\"b\\""}'), or None when one is
+    of a type this does not write (bools, decimals, ...: left to psycopg)."""
+    kinds = {type(v) for v in values if v is not None}
+    if kinds <= {int}:
+        return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+    if kinds <= {str}:
+        return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
+    if kinds <= {datetime}:
+        return "{" + ",".join("NULL" if v is None else f'"{v.isoformat(sep=" ")}"' for v in values) + "}"
+    return None
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def insert_rows(

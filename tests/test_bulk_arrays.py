@@ -1,0 +1,66 @@
+"""ledger.bulk's multi-row writes store exactly what they were given: strings with quotes,
+backslashes, braces and commas, the text "NULL" and real NULLs, timestamps, integers past
+32 bits; through `unnest` of array literals on PostgreSQL, executemany elsewhere."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, select
+
+from ledger.bulk import deferred_writes, insert_rows, update_rows
+from ledger.models import UTCDateTime
+
+metadata = MetaData()
+sample = Table(
+    "bulk_sample",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(200)),
+    Column("big", BigInteger),
+    Column("at", UTCDateTime()),
+    Column("flag", Boolean),
+)
+
+AWKWARD = [
+    'quote " inside',
+    "back\\slash \\\\ twice",
+    "{braces},commas",
+    "NULL",
+    "",
+    "  spaced  ",
+    "ünïcödé ✓",
+    "new\nline\ttab",
+    None,
+]
+
+
+def rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": i + 1,
+            "name": name,
+            "big": None if i == 3 else 2**40 + i,
+            "at": None if i == 2 else datetime(2026, 12, 2, 10, 0, i, 123456 * (i % 2), tzinfo=UTC),
+            "flag": None if i == 1 else i % 2 == 0,
+        }
+        for i, name in enumerate(AWKWARD)
+    ]
+
+
+def stored(s: Any) -> list[dict[str, Any]]:
+    return [dict(row._mapping) for row in s.execute(select(sample).order_by(sample.c.id))]
+
+
+def test_insert_and_update_rows_store_exactly_what_they_were_given(engine, tx) -> None:  # type: ignore[no-untyped-def]
+    metadata.create_all(engine)
+    with tx() as s:
+        insert_rows(s, sample, rows())
+    with tx() as s:
+        assert stored(s) == rows()
+    changed = [{"id": row["id"], "name": (row["name"] or "") + ' "x"\\', "big": -1} for row in rows()]
+    with tx() as s, deferred_writes(s):
+        update_rows(s, sample, ("id",), changed)
+    with tx() as s:
+        assert [(row["name"], row["big"]) for row in stored(s)] == [(r["name"], -1) for r in changed]
