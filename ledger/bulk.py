@@ -120,9 +120,18 @@ def _array_literal(values: Sequence[Any]) -> str | None:
         return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
     if kinds <= {str}:
         return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
-    if kinds <= {datetime}:
+    if kinds <= {datetime} and all(v is None or v.tzinfo is None for v in values):
         return "{" + ",".join("NULL" if v is None else f'"{v.isoformat(sep=" ")}"' for v in values) + "}"
     return None
+
+
+def _list_literal(value: Any) -> Any:
+    """A list parameter (`= ANY(...)`, `among_pairs`) as its array literal where it can be."""
+    if isinstance(value, list):
+        literal = _array_literal(value)
+        if literal is not None:
+            return literal
+    return value
 
 
 def _quoted(text: str) -> str:
@@ -296,7 +305,7 @@ def select_many(s: Session, queries: Sequence[tuple[Any, dict[str, Any]]]) -> li
     cursors = [driver.cursor() for _ in queries]
     with driver.pipeline():
         for cursor, (sql, fixed, _, _), (_, params) in zip(cursors, plans, queries, strict=True):
-            cursor.execute(sql, {**fixed, **params})
+            cursor.execute(sql, {**fixed, **{name: _list_literal(value) for name, value in params.items()}})
     results: list[list[Any]] = []
     for cursor, (_, _, row_class, processors) in zip(cursors, plans, strict=True):
         fetched = cursor.fetchall()

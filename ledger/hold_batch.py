@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Integer, or_, select, text
 from sqlalchemy.orm import Session
 
-from ledger.accounts import limits_t, lock_accounts, lock_query, no_account
+from ledger.accounts import accounts_t, limits_t, lock_accounts, lock_query, no_account
 from ledger.bulk import among as bulk_among
 from ledger.bulk import among_pairs, deferred_writes, insert_rows, pair_params, select_many, update_rows
 from ledger.errors import LedgerError
@@ -97,6 +97,7 @@ def apply_holds_and_settles(
     *,
     locked: dict[int, LockedAccount] | None = None,
     read: Sequence[HoldState] | None = None,
+    prefetched: dict[str, list[Any]] | None = None,
 ) -> tuple[list[Outcome], list[Outcome]]:
     """The settles, then the holds, as `settle_hold` and `create_hold` on each in turn
     would leave them, read and written together: one statement per table.
@@ -106,7 +107,8 @@ def apply_holds_and_settles(
     `locked`: accounts this transaction has already locked (`lock_batch`), by id; when it
     holds every account concerned they are not locked again. Entries posted here advance
     those objects, and accounts locked here are added to it. `read`: the settled holds as
-    this transaction read them under `locked` (`lock_batch`), so they are not read again.
+    this transaction read them under `locked` (`lock_batch`), so they are not read again;
+    `prefetched`: the rest of the batch's reads, made by `lock_batch` with the lock.
     """
     created: list[Outcome] = [None] * len(holds)
     settled: list[Outcome] = [None] * len(settles)
@@ -122,6 +124,7 @@ def apply_holds_and_settles(
     }:
         # Lock what is not locked yet (by id: see `lock_batch`), then read the holds under it.
         fresh = lock_accounts(s, names, sorted({hold.account_id for hold in read}) or None)
+        prefetched = None  # read before these accounts were locked: read again
         accounts.update(fresh)
         if locked is not None:
             locked.update(fresh)
@@ -161,14 +164,19 @@ def apply_holds_and_settles(
     if grant_accounts:
         params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
         wanted_reads.append(("grants", q.grants, params))
-    fetched = dict(
-        zip(
-            [name for name, _, _ in wanted_reads],
-            select_many(s, [(statement, params) for _, statement, params in wanted_reads]),
-            strict=True,
+    if prefetched is not None and len(prefetched.get("hold_ids", checked)) >= len(checked):
+        fetched = prefetched
+    else:
+        fetched = dict(
+            zip(
+                [name for name, _, _ in wanted_reads],
+                select_many(s, [(statement, params) for _, statement, params in wanted_reads]),
+                strict=True,
+            )
         )
-    )
     for row in fetched.get("allocations", []):
+        if row.hold_id not in allocations:
+            continue  # another hold of a settled job (`lock_batch` reads them all)
         allocations[row.hold_id][row.grant_id] = Allocation(
             row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
         )
@@ -320,21 +328,30 @@ def _read_holds(s: Session, wanted: dict[int, Any]) -> list[HoldState]:
 
 @dataclasses.dataclass
 class LockedBatch:
-    """What `lock_batch` took and read: the accounts locked, by id, and every hold of the
-    batch's settle jobs, read under those locks."""
+    """What `lock_batch` took and read: the accounts locked, by id, every hold of the
+    batch's settle jobs and what `apply_holds_and_settles` reads, all under those locks."""
 
     accounts: dict[int, LockedAccount]
     holds: list[HoldState]
+    # The batch's other reads (`apply_holds_and_settles`'s), made in the same round trip.
+    reads: dict[str, list[Any]] | None = None
 
 
 def lock_batch(
-    s: Session, accounts: Collection[str], jobs: Collection[tuple[str, int]], *, owners_named: bool = False
+    s: Session,
+    accounts: Collection[str],
+    jobs: Collection[tuple[str, int]],
+    *,
+    owners_named: bool = False,
+    new_runs: Collection[tuple[str, int]] = (),
 ) -> LockedBatch:
     """Lock, in id order, the accounts a batch will touch (those its holds name and those
-    owning its settles' `(cluster, job_id)`), then read those jobs' holds under the locks.
+    owning its settles' `(cluster, job_id)`), then read, under the locks, those jobs' holds
+    and all that `apply_holds_and_settles` reads for the batch (`new_runs`: the jobs its
+    holds are for, one new hold id each; the reads are a superset of what it needs).
 
     Two round trips on PostgreSQL whatever the batch: the jobs' owners (with the BEGIN),
-    then the lock and the read together. Owners are read before the lock and locked by
+    then the lock and the reads together. Owners are read before the lock and locked by
     id (a hold's account never changes); a subquery under FOR UPDATE got a nested-loop
     plan over all holds while a young table had no statistics.
 
@@ -350,12 +367,23 @@ def lock_batch(
         owners = sorted({row.account_id for row in select_many(s, [(q.owners, jobs_params)])[0]})
     if not accounts and not owners:
         return LockedBatch({}, [])
-    reads = [(lock_query(postgres), {"names": sorted(accounts), "ids": owners})]
-    if jobs:
-        reads.append((q.jobs, jobs_params))
-    locked, *held = select_many(s, reads)
+    named = {"names": sorted(accounts), "ids": owners}
+    reads: list[tuple[str, Any, dict[str, Any]]] = [
+        ("locked", lock_query(postgres), named),
+        ("holds", q.jobs, jobs_params),
+        ("allocations", q.job_allocations, jobs_params),
+        ("limits", q.named_limits, named),
+        ("grants", q.named_grants, {**named, **jobs_params}),
+        ("runs", q.runs, pair_params("runs", new_runs, postgres)),
+        ("prices", q.prices, {}),
+    ]
+    if q.hold_ids is not None:
+        reads.append(("hold_ids", q.hold_ids, {"n": len(new_runs)}))
+    fetched = dict(zip([name for name, _, _ in reads], select_many(s, [r[1:] for r in reads]), strict=True))
     return LockedBatch(
-        {row.id: LockedAccount(*row) for row in locked}, [_to_state(row) for rows in held for row in rows]
+        {row.id: LockedAccount(*row) for row in fetched.pop("locked")},
+        [_to_state(row) for row in fetched.pop("holds")],
+        fetched,
     )
 
 
@@ -421,6 +449,21 @@ class _Queries:
         self.grants = select(grants_t).where(
             among(grants_t.c.account_id, "accounts"),
             or_(grants_t.c.remaining_ucredits > 0, grants_t.c.id.in_(touched)),
+        )
+        # The same, for `lock_batch`: by the accounts it locks and the holds of the settles' jobs.
+        locked_ids = select(accounts_t.c.id).where(
+            accounts_t.c.kind == "customer",
+            or_(among(accounts_t.c.name, "names"), among(accounts_t.c.id, "ids")),
+        )
+        job_holds = select(holds_t.c.id).where(of_jobs)
+        self.job_allocations = select(allocations_t).where(allocations_t.c.hold_id.in_(job_holds))
+        self.named_limits = (
+            select(limits_t.c.account_id).where(limits_t.c.account_id.in_(locked_ids)).distinct()
+        )
+        touched_by_jobs = select(allocations_t.c.grant_id).where(allocations_t.c.hold_id.in_(job_holds))
+        self.named_grants = select(grants_t).where(
+            grants_t.c.account_id.in_(locked_ids),
+            or_(grants_t.c.remaining_ucredits > 0, grants_t.c.id.in_(touched_by_jobs)),
         )
 
 

@@ -172,6 +172,7 @@ def test_each_request_of_a_batch_gets_its_own_answer(served, tx, sockdir: Path) 
     lone, fits, short, repeat, conflict, settled, other, over, capped, malformed, changed = calls.join()
 
     assert daemon.batches.batches == batches_before + 1, "the ten requests did not share one batch"
+    assert daemon.batches.fast_failures == 0, "the batched path failed: see the log"
     assert lone["amount"] == "3.60"
     assert (fits["amount"], fits["state"]) == ("3.60", "active")
     assert isinstance(short, DaemonRefused) and short.code == "insufficient_credits"

@@ -152,6 +152,7 @@ class GroupCommitter:
         self.requests = 0
         self.cpu_seconds = 0.0
         self.wall_seconds = 0.0
+        self.fast_failures = 0  # batches whose batched path failed and went one by one
 
     def submit(self, op: str, request: dict[str, Any]) -> Any:
         """Apply one request in the next batch; return its result or raise its own error."""
@@ -261,6 +262,7 @@ class GroupCommitter:
                     self._write(batch, fast=self.fast is not None)
             except _FastPathFailed:
                 # Nothing of that transaction stayed; the requests go one by one in a new one.
+                self.fast_failures += 1
                 log.exception("the batched path failed; applying %d requests one at a time", len(batch))
                 for pending in batch:
                     pending.result, pending.error = None, None

@@ -128,6 +128,7 @@ def apply_batch(
         [(hold.id, *_settle_times(request, hold)) for _, hold, request in due],
         locked=locked.accounts if locked else None,
         read=[hold for _, hold, _ in due] if locked else None,
+        prefetched=locked.reads if locked else None,
     )
     for (i, _, _), outcome in zip(due, settled, strict=True):
         answers[i] = _answer(outcome)

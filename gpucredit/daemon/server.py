@@ -374,12 +374,14 @@ def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> LockedBatch:
     accounts are locked without first reading who owns the jobs."""
     accounts: set[str] = set()
     jobs: set[tuple[str, int]] = set()
+    new_runs: list[tuple[str, int]] = []  # one per hold: each takes a new hold id
     named = True
     for pending in batch:
         request = pending.request
         try:
             if pending.op == "hold":
                 accounts.add(str(request["account"]))
+                new_runs.append((str(request["cluster"]), int(request["job_id"])))
             else:
                 jobs.add((str(request["cluster"]), int(request["job_id"])))
                 account = _account_of(pending.op, request)
@@ -389,7 +391,7 @@ def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> LockedBatch:
                     accounts.add(account)
         except (KeyError, TypeError, ValueError):
             continue
-    return lock_batch(s, accounts, jobs, owners_named=named)
+    return lock_batch(s, accounts, jobs, owners_named=named, new_runs=new_runs)
 
 
 def _account_of(op: str, request: dict[str, Any]) -> str | None:
