@@ -353,6 +353,10 @@ def main() -> None:
     database = f"gpucredit_bench_{uuid.uuid4().hex[:8]}"
     setup(database)
     try:
+        # pgbench runs before and after the daemon and the ratio takes their mean: this
+        # machine's speed drifts by 10-20% over a minute, and one pgbench run after the
+        # daemon measured that drift as much as the daemon.
+        before = pgbench_tps(args.clients, int(args.seconds))
         with (
             tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
             daemon_process(database, Path(workdir), args.batch_max, args.writers) as (socket_path, pid),
@@ -360,14 +364,18 @@ def main() -> None:
             cpu_before = cpu_seconds(pid)
             daemon = daemon_cycles_per_second(socket_path, args.clients, args.seconds)
             daemon_cpu = cpu_seconds(pid) - cpu_before
-        tps = pgbench_tps(args.clients, int(args.seconds))
+        after = pgbench_tps(args.clients, int(args.seconds))
+        tps = (before + after) / 2
         print(
             f"daemon  {args.clients} clients, {args.writers} writer(s): {daemon['cycles']:.0f} hold+settle "
             f"cycles/s, request p50 {daemon['p50_ms']:.1f} ms p99 {daemon['p99_ms']:.1f} ms, "
             f"{daemon['failed']:.0f} failed; daemon CPU "
             f"{1000 * daemon_cpu / max(daemon['cycles'] * args.seconds, 1):.2f} ms per cycle"
         )
-        print(f"pgbench tpcb-like {tps:.0f} tps ({args.clients} clients); ratio {daemon['cycles'] / tps:.3f}")
+        print(
+            f"pgbench tpcb-like {tps:.0f} tps ({args.clients} clients; {before:.0f} before the daemon, "
+            f"{after:.0f} after); ratio {daemon['cycles'] / tps:.3f}"
+        )
         print(audit(database))
         if not args.no_direct:
             direct = ledger_cycles_per_second(database, args.workers, args.seconds)
