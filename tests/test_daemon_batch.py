@@ -330,3 +330,32 @@ def test_in_lease_mode_the_hooks_holds_cover_the_window(served, tx) -> None:
     assert client.call("hold", **job(2, "capped", {"h100": 1}, seconds=7200))["amount"] == "0.90"
     assert client.call("hold", **job(3, "physics", {"h100": 1}, seconds=600))["amount"] == "0.60"
     assert figures(tx, "physics") == ("18.50", "1.50")
+
+
+def test_with_two_writers_one_accounts_requests_all_go_to_one_writer() -> None:
+    """So two writers' batches never lock the same account (nor wait on each other)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from gpucredit.daemon.group_commit import GroupCommitter
+
+    writers_of: dict[str, set[str]] = {}
+    answered = threading.Semaphore(0)
+
+    def work(s: Any, request: dict[str, Any]) -> dict[str, Any]:
+        writers_of.setdefault(request["account"], set()).add(threading.current_thread().name)
+        return {}
+
+    committer = GroupCommitter(
+        sessionmaker(create_engine("sqlite://")),
+        {"hold": work},
+        writers=2,
+        route=lambda op, request: request.get("account"),
+    )
+    for i in range(100):
+        committer.submit_async("hold", {"account": f"acct{i % 10}"}, lambda result, error: answered.release())
+    for _ in range(100):
+        assert answered.acquire(timeout=10)
+    committer.stop()
+    assert all(len(names) == 1 for names in writers_of.values()), writers_of
+    assert len(set().union(*writers_of.values())) == 2, "every account went to the same writer"

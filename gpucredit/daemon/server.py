@@ -146,8 +146,10 @@ class Daemon:
             # The prolog will hold this job (for credit, or "ledger unreachable"); check it
             # every release round, so it runs as soon as its account can pay and the
             # ledger answers, not at the next full scan.
-            with self._lock:
-                self.credit_held.add(int(request["job_id"]))
+            job_id = request.get("job_id")
+            if isinstance(job_id, int) and not isinstance(job_id, bool):
+                with self._lock:
+                    self.credit_held.add(job_id)
 
     def _submit(self, request: dict[str, Any]) -> Any:
         if self.snapshots.stale(utcnow()):
@@ -202,11 +204,16 @@ class Daemon:
             return
 
         def answered(result: Any, error: BaseException | None) -> None:
-            answer = self._refusal(op, error) if error is not None else {"ok": True, "result": result}
-            if op == "hold" and error is not None:
-                self._note_refused_hold(request, error)
-            self._observe(request, started, answer)
-            reply.send(_encode(answer))
+            try:
+                answer = self._refusal(op, error) if error is not None else {"ok": True, "result": result}
+                if op == "hold" and error is not None:
+                    self._note_refused_hold(request, error)
+                self._observe(request, started, answer)
+                line = _encode(answer)
+            except Exception:  # the client must get an answer whatever fails here
+                log.exception("answering a %s request failed", op)
+                line = _encode(_error("unavailable", "the daemon failed on this request; see its log"))
+            reply.send(line)
 
         self.batches.submit_async(op, request, answered)
 
@@ -294,9 +301,6 @@ class Daemon:
         # The hooks' outage price sheet and the spool's read-back (docs/outage.md);
         # bad outage settings stop the daemon here.
         outage = OutageKeeper.from_config(self.sessions, self.config)
-        import sys as _sys
-
-        _sys.setswitchinterval(float(os.environ.get("GC_SWITCH", "0.005")))
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
