@@ -14,9 +14,10 @@ learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm
 only background loops run other commands: the release loop (scontrol) and, with
 `limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
 
-Holds and settles are applied in batches by one writer (gpucredit.daemon.group_commit):
-one transaction per batch, each request answered on its own; quotes (`submit`) read the
-snapshot and never wait on a batch.
+One thread serves the socket (gpucredit.daemon.socket_loop): it answers quotes (`submit`)
+itself from the snapshot, never waiting on a batch, and hands holds and settles to the
+group commit (gpucredit.daemon.group_commit), which applies them in batches, one
+transaction each, and answers each request on its own.
 
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
 """
