@@ -148,25 +148,25 @@ def apply_holds_and_settles(
     hold_accounts = {by_name[req.account].id for req in checked.values()}
     runs = {(req.cluster, req.job_id) for req in checked.values()}
     grant_accounts = hold_accounts | {hold.account_id for _, hold, _ in charges}
-    # The reads below need nothing from each other: on PostgreSQL, one round trip for all.
-    q = _queries(s)
-    wanted_reads: list[tuple[str, Any, dict[str, Any]]] = []
-    if allocations:
-        wanted_reads.append(("allocations", q.allocations, {"holds": sorted(allocations)}))
-    if hold_accounts:
-        wanted_reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
-    if runs:
-        wanted_reads.append(("runs", q.runs, pair_params("runs", runs, q.postgres)))
-    if checked:
-        wanted_reads.append(("prices", q.prices, {}))
-        if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
-            wanted_reads.append(("hold_ids", q.hold_ids, {"n": len(checked)}))
-    if grant_accounts:
-        params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
-        wanted_reads.append(("grants", q.grants, params))
     if prefetched is not None and len(prefetched.get("hold_ids", checked)) >= len(checked):
-        fetched = prefetched
+        fetched = prefetched  # `lock_batch` read all this with the lock
     else:
+        # The reads below need nothing from each other: on PostgreSQL, one round trip for all.
+        q = _queries(s)
+        wanted_reads: list[tuple[str, Any, dict[str, Any]]] = []
+        if allocations:
+            wanted_reads.append(("allocations", q.allocations, {"holds": sorted(allocations)}))
+        if hold_accounts:
+            wanted_reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
+        if runs:
+            wanted_reads.append(("runs", q.runs, pair_params("runs", runs, q.postgres)))
+        if checked:
+            wanted_reads.append(("prices", q.prices, {}))
+            if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
+                wanted_reads.append(("hold_ids", q.hold_ids, {"n": len(checked)}))
+        if grant_accounts:
+            params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
+            wanted_reads.append(("grants", q.grants, params))
         fetched = dict(
             zip(
                 [name for name, _, _ in wanted_reads],
