@@ -153,6 +153,10 @@ class GroupCommitter:
         self.cpu_seconds = 0.0
         self.wall_seconds = 0.0
         self.fast_failures = 0  # batches whose batched path failed and went one by one
+        # Runs the callbacks of a written batch (`submit_async`'s), given them all; None: the
+        # writer runs them itself. The daemon hands them to its socket thread, so the writer
+        # starts the next batch at once while the replies are worded and sent.
+        self.deliver: Callable[[Callable[[], None]], None] | None = None
 
     def submit(self, op: str, request: dict[str, Any]) -> Any:
         """Apply one request in the next batch; return its result or raise its own error."""
@@ -230,10 +234,18 @@ class GroupCommitter:
                 for pending in batch:
                     pending.result, pending.error = None, BatchFailed(repr(error))
             finally:
-                for pending in batch:
-                    pending.finish()
+                self._finish(batch)
             if stopping:
                 return
+
+    def _finish(self, batch: Sequence[Pending]) -> None:
+        deliver = self.deliver
+        callbacks = [pending for pending in batch if pending.callback is not None]
+        for pending in batch:
+            if pending.callback is None or deliver is None:
+                pending.finish()  # a waiting thread is woken here, whatever `deliver` is
+        if deliver is not None and callbacks:
+            deliver(lambda: [pending.finish() for pending in callbacks])
 
     def apply(self, batch: Sequence[Pending]) -> None:
         """One transaction for `batch`; each request answered in its own Pending."""

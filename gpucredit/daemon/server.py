@@ -351,9 +351,11 @@ class Daemon:
         log.info("gpucredit daemon listening on %s", path)
         if ready is not None:
             ready.set()
+        self.batches.deliver = loop.call_soon
         try:
             loop.run(stop)
         finally:
+            self.batches.deliver = None  # the batches still written answer no socket
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             listener.close()

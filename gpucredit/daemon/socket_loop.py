@@ -78,15 +78,28 @@ class SocketLoop:
         self._selector = selectors.DefaultSelector()
         self._connections: set[Connection] = set()
         self._answered: deque[tuple[Connection, bytes]] = deque()
+        self._calls: deque[Callable[[], None]] = deque()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._woken = False
+        self._thread: threading.Thread | None = None  # the loop's, once it runs
+        self._closed = False
 
     def answer(self, connection: Connection, line: bytes) -> None:
         """Queue `line` (ending in a newline) for `connection`; callable from any thread."""
         self._answered.append((connection, line))
-        if threading.current_thread() is self._thread:
-            return  # drained before this thread next waits
-        if not self._woken:
+        if threading.current_thread() is not self._thread:  # else drained before it next waits
+            self._wake()
+
+    def call_soon(self, call: Callable[[], None]) -> None:
+        """Run `call` in this loop's thread, before it next waits; callable from any thread.
+        The batch writer hands its batch's replies over this way: it goes on to the next
+        batch while this thread words and sends them."""
+        self._calls.append(call)
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._woken and not self._closed:  # closed: its pipe's descriptors may be reused
             self._woken = True
             with contextlib.suppress(BlockingIOError):  # the pipe is full of wake-ups already
                 os.write(self._wake_write, b"x")
@@ -118,6 +131,7 @@ class SocketLoop:
             for connection in list(self._connections):
                 self._close(connection)
             self._selector.close()
+            self._closed = True
             os.close(self._wake_read)
             os.close(self._wake_write)
 
@@ -201,6 +215,12 @@ class SocketLoop:
         self._woken = False
 
     def _send_answered(self) -> None:
+        while self._calls:
+            call = self._calls.popleft()
+            try:
+                call()
+            except Exception:  # one failed call must not stop the daemon's socket
+                log.exception("a call handed to the socket loop failed")
         while self._answered:
             connection, line = self._answered.popleft()
             if connection in self._connections:  # else the client went away meanwhile
