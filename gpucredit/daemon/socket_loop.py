@@ -148,6 +148,9 @@ class SocketLoop:
             connection = Connection(sock)
             self._connections.add(connection)
             self._watch(connection, selectors.EVENT_READ)
+            # A hook connects and writes at once: its line is usually there already, and
+            # reading it now saves a round of the selector.
+            self._read(connection)
 
     def _watch(self, connection: Connection, events: int) -> None:
         if events == connection.events:
@@ -197,12 +200,16 @@ class SocketLoop:
 
     def _handle(self, connection: Connection, line: bytes) -> None:
         connection.busy = True
-        self._watch(connection, 0)  # its next lines wait for this answer
         try:
             self.dispatch(line, Reply(self, connection))
         except Exception:  # a bug in one request must not stop the daemon's socket
             log.exception("dispatching a request failed")
             self._close(connection)
+            return
+        if not (self._answered and self._answered[-1][0] is connection):
+            # Answered later (a hold, a settle): its next lines wait for that answer. One
+            # answered here and now is sent before the selector is asked again.
+            self._watch(connection, 0)
 
     def _drain_wakeups(self) -> None:
         # Empty the pipe first, then allow the next wake-up: the other way round, a writer
