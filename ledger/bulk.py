@@ -113,7 +113,7 @@ def _arrays(
     return casts, params
 
 
-# A column's SQL type name, compiled once (compiling it per call was a tenth of the writer's CPU).
+# A column's SQL type name, compiled once (per statement it cost the writer ~4% of its CPU).
 _TYPE_NAMES: dict[tuple[Column[Any], str], str] = {}
 
 
