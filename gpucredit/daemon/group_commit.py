@@ -245,7 +245,12 @@ class GroupCommitter:
             if pending.callback is None or deliver is None:
                 pending.finish()  # a waiting thread is woken here, whatever `deliver` is
         if deliver is not None and callbacks:
-            deliver(lambda: [pending.finish() for pending in callbacks])
+
+            def answer_all() -> None:
+                for pending in callbacks:
+                    pending.finish()
+
+            deliver(answer_all)
 
     def apply(self, batch: Sequence[Pending]) -> None:
         """One transaction for `batch`; each request answered in its own Pending."""
