@@ -143,3 +143,33 @@ def test_an_idle_connection_is_closed(sockdir: Path) -> None:
         assert sock.recv(100) == b'{"n": 1}\n'
         # Nothing more sent: the loop hangs up after its idle time, and the read ends.
         assert sock.recv(100) == b""
+
+
+def test_calls_from_another_thread_run_on_the_loop_and_none_is_sent_once_it_closed(sockdir: Path) -> None:
+    """The writer hands a batch's replies over with `call_soon`; once the loop has closed
+    (the daemon stopping), a late reply is dropped, and its wake-up byte is not written to
+    the closed pipe's descriptor (which a new file may own by then)."""
+    echo = Echo()
+    ran_on: list[threading.Thread] = []
+    with serving(sockdir / "s", echo) as loop:
+        handed = threading.Thread(
+            target=loop.call_soon, args=(lambda: ran_on.append(threading.current_thread()),)
+        )
+        handed.start()
+        handed.join(10)
+        deadline = time.monotonic() + 10
+        while not ran_on and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ran_on) == 1 and ran_on[0] is not handed and ran_on[0] is not threading.current_thread()
+    late: list[BaseException] = []
+
+    def reply_late() -> None:
+        try:
+            loop.call_soon(lambda: None)
+        except Exception as error:  # the assertion below names it
+            late.append(error)
+
+    thread = threading.Thread(target=reply_late)
+    thread.start()
+    thread.join(10)
+    assert late == []

@@ -87,8 +87,9 @@ class _FastPathFailed(Exception):
 
 
 class Pending:
-    """One queued request, filled in by the writer: then `callback(result, error)` runs in
-    the writer's thread, or, without a callback, `done` is set for the waiting thread."""
+    """One queued request, filled in by the writer: then `callback(result, error)` runs
+    (through the committer's `deliver`, else in the writer's thread), or, without a
+    callback, `done` is set for the waiting thread."""
 
     __slots__ = ("callback", "done", "error", "op", "request", "result")
 
@@ -172,7 +173,8 @@ class GroupCommitter:
         self, op: str, request: dict[str, Any], callback: Callable[[Any, BaseException | None], None]
     ) -> None:
         """Apply one request in the next batch; `callback(result, error)` gets its outcome,
-        in the writer's thread (so it must be quick: the daemon queues the reply)."""
+        through `deliver` (the daemon's socket thread), else in the writer's thread (so it
+        must be quick)."""
         self._enqueue(Pending(op, request, callback))
 
     def _enqueue(self, pending: Pending) -> None:
@@ -240,14 +242,14 @@ class GroupCommitter:
 
     def _finish(self, batch: Sequence[Pending]) -> None:
         deliver = self.deliver
-        callbacks = [pending for pending in batch if pending.callback is not None]
+        handed = [pending for pending in batch if pending.callback is not None] if deliver else []
         for pending in batch:
-            if pending.callback is None or deliver is None:
-                pending.finish()  # a waiting thread is woken here, whatever `deliver` is
-        if deliver is not None and callbacks:
+            if deliver is None or pending.callback is None:
+                pending.finish()  # a waiting thread is woken by the writer, never handed over
+        if deliver is not None and handed:
 
             def answer_all() -> None:
-                for pending in callbacks:
+                for pending in handed:
                     pending.finish()
 
             deliver(answer_all)

@@ -191,7 +191,7 @@ class Daemon:
 
     def dispatch(self, line: bytes, reply: Reply) -> None:
         """Answer one request line from the socket loop's thread: holds and settles go to
-        the group commit and are answered from the writer's thread when their batch is
+        the group commit and are answered, back on this thread, when their batch is
         written; everything else (quotes above all) is answered here and now."""
         started = time.perf_counter()
         try:

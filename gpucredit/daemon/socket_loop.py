@@ -5,8 +5,9 @@ A hook is a one-shot process, so every hold and settle is a new connection. A th
 connection (socketserver's threading server) cost each request a thread start and, under
 load, dozens of threads taking turns at the GIL with the batch writer: about half of the
 daemon's CPU went there. Here one thread accepts, reads lines, answers the quick requests
-itself and hands holds and settles to the group commit; the writer hands their replies
-back (`answer`), and this thread sends them, waking once per batch, not per request.
+itself and hands holds and settles to the group commit; the writer hands each written
+batch back (`call_soon`), and this thread words and sends its replies, waking once per
+batch, not per request.
 
 Replies on a connection keep the order of its requests: while one is being answered the
 connection's further lines wait. A line longer than `max_line` is refused and the
