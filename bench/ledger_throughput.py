@@ -130,11 +130,15 @@ def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -
     env["GPUCREDIT_CONFIG"] = str(config)
     log_path = workdir / "daemon.log"
     with open(log_path, "wb") as log:
+        # Its own session, as systemd starts a service: the kernel then schedules it as a
+        # group of its own (autogroup; a cgroup under systemd), not as one more thread
+        # among the 64 hook clients, which on a controller run under slurmctld's unit.
         process = subprocess.Popen(
             [sys.executable, "-m", "gpucredit", "daemon", "--release-interval", "0"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         client = DaemonClient(str(socket_path), 5.0)
