@@ -100,8 +100,10 @@ def apply_batch(
     locked: api.LockedBatch | None = None,
 ) -> list[Answer | None]:
     """The group commit's fast path: a batch's settles, then its holds, each set written in a
-    few statements (ledger.hold_batch). Each request gets (result, None), (None, its refusal),
-    or None: `hold` or `settle` answers it alone after this (repeats, limits, odd requests)."""
+    few statements (ledger.hold_batch). Each request gets (its HoldState, None), (None, its
+    refusal), or None: `hold` or `settle` answers it alone after this (repeats, limits, odd
+    requests). The HoldState is worded for the reply (`reply_result`) by the daemon's socket
+    thread, off the writer, which meanwhile starts the next batch."""
     answers: list[Answer | None] = [None] * len(requests)
     settles: list[tuple[int, tuple[str, int, datetime | None], Mapping[str, Any]]] = []
     holds: list[tuple[int, tuple[str, dict[str, Any]]]] = []
@@ -142,7 +144,13 @@ def _answer(outcome: api.HoldState | LedgerError | None) -> Answer | None:
         return None
     if isinstance(outcome, LedgerError):
         return (None, outcome)
-    return (outcome.as_dict(), None)
+    return (outcome, None)
+
+
+def reply_result(result: Any) -> Any:
+    """A hold or settle's result as its reply says it: a HoldState (the fast path's)
+    becomes its dict; the one-at-a-time path's is one already."""
+    return result.as_dict() if isinstance(result, api.HoldState) else result
 
 
 def _resolved_attempt(

@@ -133,8 +133,8 @@ class Daemon:
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda request: {"pong": True},
             "submit": self._submit,
-            "hold": lambda request: self.batches.submit("hold", request),
-            "settle": lambda request: self.batches.submit("settle", request),
+            "hold": lambda request: service.reply_result(self.batches.submit("hold", request)),
+            "settle": lambda request: service.reply_result(self.batches.submit("settle", request)),
             # Node hooks announce GPU registrations; the agent reads the registry files
             # themselves, so the daemon only acknowledges these.
             "job_started": lambda request: {},
@@ -206,7 +206,11 @@ class Daemon:
 
         def answered(result: Any, error: BaseException | None) -> None:
             try:
-                answer = self._refusal(op, error) if error is not None else {"ok": True, "result": result}
+                answer = (
+                    self._refusal(op, error)
+                    if error is not None
+                    else {"ok": True, "result": service.reply_result(result)}
+                )
                 if op == "hold" and error is not None:
                     self._note_refused_hold(request, error)
                 self._observe(request, started, answer)
