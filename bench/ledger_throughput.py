@@ -13,7 +13,8 @@ Two paths are measured:
   Prints cycles/s, p50/p99 latency per request and the ratio to pgbench.
 - direct: N processes calling the ledger functions, one transaction per call.
 
-    .venv/bin/python -m bench.ledger_throughput [--clients 64] [--workers 4] [--seconds 15] [--profile]
+    .venv/bin/python -m bench.ledger_throughput [--clients 64] [--workers 4] [--seconds 10]
+        [--rounds 3] [--profile]
 
 `--profile` also profiles the daemon's writer applying batches of holds and settles
 (the same GroupCommitter code, in this process, without the socket).
@@ -202,11 +203,11 @@ def _iso(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def daemon_client(socket_path: str, index: int, seconds: float, barrier, results) -> None:  # type: ignore[no-untyped-def]
+def daemon_client(socket_path: str, index: int, seconds: float, phase: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
     client = DaemonClient(socket_path, 30.0)
     latencies: list[float] = []
     done = failed = 0
-    job_id = (index + 1) * 10**7
+    job_id = (index + 1) * 10**7 + phase * 10**6  # each phase's jobs are new ones
     barrier.wait()
     deadline = time.perf_counter() + seconds
     start = time.perf_counter()
@@ -226,11 +227,15 @@ def daemon_client(socket_path: str, index: int, seconds: float, barrier, results
     results.put((done, failed, time.perf_counter() - start, latencies))
 
 
-def daemon_cycles_per_second(socket_path: str, clients: int, seconds: float) -> dict[str, float]:
+def daemon_phase(
+    socket_path: str, clients: int, seconds: float, phase: int
+) -> tuple[float, int, list[float]]:
+    """`clients` hook processes against the daemon for `seconds`: (cycles/s, failed
+    requests, each request's latency in seconds)."""
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(clients), ctx.Queue()
     procs = [
-        ctx.Process(target=daemon_client, args=(socket_path, i, seconds, barrier, results))
+        ctx.Process(target=daemon_client, args=(socket_path, i, seconds, phase, barrier, results))
         for i in range(clients)
     ]
     for p in procs:
@@ -238,16 +243,16 @@ def daemon_cycles_per_second(socket_path: str, clients: int, seconds: float) -> 
     outcomes = [results.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
         p.join()
-    latencies = sorted(x for *_, lat in outcomes for x in lat)
     elapsed = max(e for _, _, e, _ in outcomes)
-    return {
-        "cycles": sum(d for d, *_ in outcomes) / elapsed,
-        "failed": sum(f for _, f, *_ in outcomes),
-        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        if latencies
-        else float("nan"),
-    }
+    latencies = [x for *_, lat in outcomes for x in lat]
+    return sum(d for d, *_ in outcomes) / elapsed, sum(f for _, f, *_ in outcomes), latencies
+
+
+def percentile_ms(latencies: list[float], q: float) -> float:
+    if not latencies:
+        return float("nan")
+    ordered = sorted(latencies)
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # -- the direct path ----------------------------------------------------------------------------
@@ -348,7 +353,8 @@ def main() -> None:
     # 64 hook processes at once: a burst of job starts and ends on a busy controller.
     parser.add_argument("--clients", type=int, default=64, help="daemon clients (hook processes at once)")
     parser.add_argument("--workers", type=int, default=4, help="direct-to-ledger processes")
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="daemon phases, each between two pgbench ones")
     parser.add_argument("--batch-max", type=int, default=64, help="the daemon's daemon.batch_max")
     parser.add_argument("--writers", type=int, default=1, help="the daemon's daemon.writers")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct-to-ledger figure")
@@ -357,28 +363,47 @@ def main() -> None:
     database = f"gpucredit_bench_{uuid.uuid4().hex[:8]}"
     setup(database)
     try:
-        # pgbench runs before and after the daemon and the ratio takes their mean: this
-        # machine's speed drifts by 10-20% over a minute, and one pgbench run after the
-        # daemon measured that drift as much as the daemon.
-        before = pgbench_tps(args.clients, int(args.seconds))
+        # pgbench and the daemon take turns (pgbench, daemon, pgbench, ...), and each daemon
+        # phase is compared with the mean of the pgbench phases either side of it: this
+        # machine's speed drifts by 10-30% within a minute, which one pgbench run before and
+        # one after a long daemon run measured as much as the daemon. The ratio is the
+        # median of the rounds'; all are printed.
+        tps = [pgbench_tps(args.clients, int(args.seconds))]
+        cycles: list[float] = []
+        latencies: list[float] = []
+        failed = 0
         with (
             tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
             daemon_process(database, Path(workdir), args.batch_max, args.writers) as (socket_path, pid),
         ):
-            cpu_before = cpu_seconds(pid)
-            daemon = daemon_cycles_per_second(socket_path, args.clients, args.seconds)
-            daemon_cpu = cpu_seconds(pid) - cpu_before
-        after = pgbench_tps(args.clients, int(args.seconds))
-        tps = (before + after) / 2
+            daemon_cpu = 0.0
+            for phase in range(args.rounds):
+                cpu_before = cpu_seconds(pid)
+                rate, phase_failed, phase_latencies = daemon_phase(
+                    socket_path, args.clients, args.seconds, phase
+                )
+                daemon_cpu += cpu_seconds(pid) - cpu_before
+                cycles.append(rate)
+                latencies += phase_latencies
+                failed += phase_failed
+                tps.append(pgbench_tps(args.clients, int(args.seconds)))
+        ratios = [rate / ((tps[i] + tps[i + 1]) / 2) for i, rate in enumerate(cycles)]
+        ratio = statistics.median(ratios)
         print(
-            f"daemon  {args.clients} clients, {args.writers} writer(s): {daemon['cycles']:.0f} hold+settle "
-            f"cycles/s, request p50 {daemon['p50_ms']:.1f} ms p99 {daemon['p99_ms']:.1f} ms, "
-            f"{daemon['failed']:.0f} failed; daemon CPU "
-            f"{1000 * daemon_cpu / max(daemon['cycles'] * args.seconds, 1):.2f} ms per cycle"
+            f"daemon  {args.clients} clients, {args.writers} writer(s): "
+            f"{statistics.median(cycles):.0f} hold+settle cycles/s (median of {len(cycles)} phases of "
+            f"{args.seconds:g} s), request p50 {percentile_ms(latencies, 0.5):.1f} ms "
+            f"p99 {percentile_ms(latencies, 0.99):.1f} ms, {failed} failed; daemon CPU "
+            f"{1000 * daemon_cpu / max(sum(cycles) * args.seconds, 1):.2f} ms per cycle"
         )
+        for i, rate in enumerate(cycles):
+            print(
+                f"  round {i + 1}: pgbench {tps[i]:.0f} tps, daemon {rate:.0f} cycles/s, "
+                f"pgbench {tps[i + 1]:.0f} tps: ratio {ratios[i]:.3f}"
+            )
         print(
-            f"pgbench tpcb-like {tps:.0f} tps ({args.clients} clients; {before:.0f} before the daemon, "
-            f"{after:.0f} after); ratio {daemon['cycles'] / tps:.3f}"
+            f"pgbench tpcb-like {statistics.median(tps):.0f} tps ({args.clients} clients, median of "
+            f"{len(tps)} phases); ratio {ratio:.3f} (median of the rounds')"
         )
         print(audit(database))
         if not args.no_direct:
@@ -390,9 +415,7 @@ def main() -> None:
             )
         if args.profile:
             print(profile(database, 512, min(args.batch_max, args.clients)))
-        report(
-            "ledger: daemon hold+settle cycles/s ÷ pgbench tps", daemon["cycles"] / tps, goal=1.0, must=0.5
-        )
+        report("ledger: daemon hold+settle cycles/s ÷ pgbench tps", ratio, goal=1.0, must=0.5)
     finally:
         with _admin().connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
