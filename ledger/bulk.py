@@ -39,43 +39,40 @@ _DEFERRED = "ledger.bulk.deferred"
 
 @contextmanager
 def deferred_writes(s: Session) -> Iterator[None]:
-    """On PostgreSQL, hold back the `insert_rows` (without `returning`) and `update_rows`
-    of this block and send them together, in order, in one psycopg pipeline when it ends:
-    one round trip for the whole write phase of a batch instead of one per statement.
+    """On PostgreSQL, send the `insert_rows` (without `returning`) and `update_rows` of
+    this block through one psycopg pipeline, each as soon as it is built, and wait for
+    their results once, when the block ends: one round trip for the whole write phase of
+    a batch instead of one per statement, and the server executes the first statements
+    while the later ones are still being built.
 
-    Statements that return rows still run at once, so a deferred write must not be one a
-    later read in the block depends on. On error nothing queued is sent (the caller's
-    transaction is rolled back anyway). Elsewhere (SQLite) writes run as they come.
+    Errors of a sent statement are raised by a later write or at the end of the block; the
+    caller's transaction is then rolled back. Elsewhere (SQLite) writes run as they come.
     """
     if s.get_bind().dialect.name != "postgresql" or _DEFERRED in s.info:
         yield
         return
-    queued: list[tuple[str, dict[str, Any]]] = []
-    s.info[_DEFERRED] = queued
-    try:
-        yield
-    finally:
-        del s.info[_DEFERRED]
-    if queued:
-        # The session's own connection, inside its transaction.
-        driver = s.connection().connection.driver_connection
-        assert driver is not None
-        with driver.pipeline(), driver.cursor() as cursor:
-            for sql, params in queued:
-                cursor.execute(sql, params)
+    # The session's own connection, inside its transaction.
+    driver = s.connection().connection.driver_connection
+    assert driver is not None
+    with driver.pipeline(), driver.cursor() as cursor:
+        s.info[_DEFERRED] = cursor
+        try:
+            yield
+        finally:
+            del s.info[_DEFERRED]
 
 
 def deferring(s: Session) -> bool:
-    """Whether writes are being held back by `deferred_writes` (PostgreSQL only)."""
+    """Whether writes go through `deferred_writes`'s pipeline (PostgreSQL only)."""
     return _DEFERRED in s.info
 
 
 def _send(s: Session, sql: str, params: dict[str, Any]) -> None:
-    queued = s.info.get(_DEFERRED)
-    if queued is None:
+    cursor = s.info.get(_DEFERRED)
+    if cursor is None:
         s.connection().exec_driver_sql(sql, params)
     else:
-        queued.append((sql, params))
+        cursor.execute(sql, params)
 
 
 def _unnest(s: Session, rows: Sequence[dict[str, Any]]) -> bool:
@@ -190,9 +187,9 @@ def insert_rows(
 def insert_rows_referencing(
     s: Session, table: Table, rows: Sequence[dict[str, Any]], column: str, target: Table, keys: Sequence[str]
 ) -> bool:
-    """On PostgreSQL inside `deferred_writes`: queue the insert of `rows` whose `column` is
+    """On PostgreSQL inside `deferred_writes`: send the insert of `rows` whose `column` is
     the id of the `target` row whose `keys` columns equal the row's `ref_<key>` values
-    (a row inserted earlier in the same queue, whose id was never read back). Returns
+    (a row inserted earlier in the same block, whose id was never read back). Returns
     False, doing nothing, anywhere else: the caller inserts with the ids themselves."""
     if _DEFERRED not in s.info:
         return False

@@ -139,8 +139,8 @@ def post_batch(
     Each account's entries are chained in the order given; returns them per batch item.
 
     `ids=False`: the caller needs no entry back (returns empty lists), so inside
-    `deferred_writes` on PostgreSQL the entries are queued too and their postings find
-    them by (account, seq): no round trip of their own."""
+    `deferred_writes` on PostgreSQL the entries go into its pipeline too and their
+    postings find them by (account, seq): no round trip of their own."""
     recorded_at = utcnow()
     entry_rows: list[dict[str, Any]] = []
     kept_legs: list[list[Leg]] = []

@@ -7,7 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+import pytest
 from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, select
+from sqlalchemy.exc import IntegrityError
 
 from ledger.bulk import deferred_writes, insert_rows, update_rows
 from ledger.models import UTCDateTime
@@ -64,3 +67,17 @@ def test_insert_and_update_rows_store_exactly_what_they_were_given(engine, tx) -
         update_rows(s, sample, ("id",), changed)
     with tx() as s:
         assert [(row["name"], row["big"]) for row in stored(s)] == [(r["name"], -1) for r in changed]
+
+
+def test_a_failed_write_in_deferred_writes_fails_the_transaction_and_stores_none_of_it(engine, tx) -> None:  # type: ignore[no-untyped-def]
+    # On PostgreSQL the block's writes are sent as they are built: the duplicate key is
+    # found while the update after it is on its way, and neither may be committed.
+    metadata.create_all(engine)
+    with tx() as s:
+        insert_rows(s, sample, rows()[:2])
+    duplicate = [{**rows()[2], "id": 5}, {**rows()[3], "id": 1}]
+    with pytest.raises((IntegrityError, psycopg.errors.UniqueViolation)), tx() as s, deferred_writes(s):
+        insert_rows(s, sample, duplicate)
+        update_rows(s, sample, ("id",), [{"id": 2, "big": 7}, {"id": 1, "big": 8}])
+    with tx() as s:
+        assert stored(s) == rows()[:2]
