@@ -83,13 +83,12 @@ def _daemon_command() -> object:
         import logging
 
         from gpucredit.daemon import Daemon
-        from gpucredit.daemon.server import collect_less
         from ledger.config import load_config
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         config = load_config()
-        daemon = Daemon(config)
-        collect_less()
-        daemon.serve(socket_path or config["daemon"]["socket"], release_interval=release_interval or None)
+        Daemon(config).serve(
+            socket_path or config["daemon"]["socket"], release_interval=release_interval or None
+        )
 
     return daemon

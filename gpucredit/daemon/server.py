@@ -24,7 +24,6 @@ SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -69,18 +68,6 @@ def top_up_hint(config: dict[str, Any]) -> str:
     if portal_url:
         return f"Top up at {portal_url} or ask your PI."
     return "Ask your PI or an admin to add credit (gpucredit topup {account} AMOUNT)."
-
-
-def collect_less() -> None:
-    """Keep the cyclic garbage collector off the batch writer's path, in the resident
-    process: what imports and start-up made (~100,000 objects: modules, config, engine)
-    is frozen out of every later collection, and the young generation is collected after
-    10,000 new objects rather than 700. Measured on the writer: collections took ~9% of
-    its CPU (~0.5 ms a batch of 30), an oldest-generation one ~35 ms that every waiting
-    request waited out; after this ~0.1 ms a batch. Reference counting frees objects as
-    ever; only cycles wait longer."""
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
 
 
 class Daemon:
