@@ -15,6 +15,14 @@ import operator
 _COMPARE = {">=": operator.ge, "<=": operator.le}
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile (0..1) of `values`, nearest rank; NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def report(path: str, value: float, *, goal: float, must: float, better: str = ">=", unit: str = "") -> bool:
     """Print one row; returns whether the must-reach bar is met.
 

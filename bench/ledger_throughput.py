@@ -45,7 +45,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from bench.goals import report
+from bench.goals import percentile, report
 from ledger import api
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade
@@ -248,13 +248,6 @@ def daemon_phase(
     return sum(d for d, *_ in outcomes) / elapsed, sum(f for _, f, *_ in outcomes), latencies
 
 
-def percentile_ms(latencies: list[float], q: float) -> float:
-    if not latencies:
-        return float("nan")
-    ordered = sorted(latencies)
-    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 # -- the direct path ----------------------------------------------------------------------------
 
 
@@ -392,8 +385,8 @@ def main() -> None:
         print(
             f"daemon  {args.clients} clients, {args.writers} writer(s): "
             f"{statistics.median(cycles):.0f} hold+settle cycles/s (median of {len(cycles)} phases of "
-            f"{args.seconds:g} s), request p50 {percentile_ms(latencies, 0.5):.1f} ms "
-            f"p99 {percentile_ms(latencies, 0.99):.1f} ms, {failed} failed; daemon CPU "
+            f"{args.seconds:g} s), request p50 {1000 * percentile(latencies, 0.5):.1f} ms "
+            f"p99 {1000 * percentile(latencies, 0.99):.1f} ms, {failed} failed; daemon CPU "
             f"{1000 * daemon_cpu / max(sum(cycles) * args.seconds, 1):.2f} ms per cycle"
         )
         for i, rate in enumerate(cycles):

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.goals import report
+from bench.goals import percentile, report
 from slurmbox import SlurmBox, run
 from slurmbox.box import ETC_DIR
 
@@ -99,11 +99,6 @@ def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
         if done.returncode != 0:
             raise SystemExit(f"the prolog hook failed: {done.stderr.decode()}")
     return times
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:

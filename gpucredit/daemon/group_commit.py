@@ -242,9 +242,11 @@ class GroupCommitter:
 
     def _finish(self, batch: Sequence[Pending]) -> None:
         deliver = self.deliver
-        handed = [pending for pending in batch if pending.callback is not None] if deliver else []
+        handed: list[Pending] = []
         for pending in batch:
-            if deliver is None or pending.callback is None:
+            if deliver is not None and pending.callback is not None:
+                handed.append(pending)
+            else:
                 pending.finish()  # a waiting thread is woken by the writer, never handed over
         if deliver is not None and handed:
 
