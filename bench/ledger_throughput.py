@@ -14,9 +14,11 @@ Two paths are measured:
 - direct: N processes calling the ledger functions, one transaction per call.
 
     .venv/bin/python -m bench.ledger_throughput [--clients 64] [--workers 4] [--seconds 10]
-        [--rounds 3] [--profile]
+        [--rounds 3] [--unweighted] [--profile]
 
-`--profile` also profiles the daemon's writer applying batches of holds and settles
+The daemon runs with the CPU share its systemd unit gives it (CPUWeight=300, three times
+a default service's, emulated with its session's autogroup); `--unweighted` runs it at a
+default share. `--profile` also profiles the daemon's writer applying batches of holds and settles
 (the same GroupCommitter code, in this process, without the socket).
 """
 
@@ -112,9 +114,12 @@ def worker(database: str, index: int, seconds: float, barrier, results) -> None:
 
 
 @contextmanager
-def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -> Iterator[tuple[str, int]]:
+def daemon_process(
+    database: str, workdir: Path, batch_max: int, writers: int, weighted: bool = True
+) -> Iterator[tuple[str, int]]:
     """A real `gpucredit daemon` on `database`; yields its socket. Its Slurm is an sinfo
-    script (the daemon reads partitions in the background), as in tests/test_daemon.py."""
+    script (the daemon reads partitions in the background), as in tests/test_daemon.py.
+    `weighted`: with the CPU share its systemd unit gives it (`weigh_as_service`)."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'gpu|gpu:h100:8,gpu:a100:8'\n")
@@ -141,6 +146,8 @@ def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    if weighted:
+        print(f"daemon  CPU share: {weigh_as_service(process.pid)}")
     try:
         client = DaemonClient(str(socket_path), 5.0)
         deadline = time.monotonic() + 60
@@ -173,6 +180,18 @@ def daemon_process(database: str, workdir: Path, batch_max: int, writers: int) -
                 f"daemon  {requests} requests in {count} batches ({requests / max(count, 1):.1f} per batch)"
                 + writer
             )
+
+
+def weigh_as_service(pid: int) -> str:
+    """Give the daemon three times a default process group's CPU share, as CPUWeight=300
+    in conf/systemd/gpucredit-daemon.service does against slurmctld's default 100: its
+    session's autogroup at nice -5 weighs 3121 against 1024. Says what it did."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    try:
+        autogroup.write_text("-5")
+        return f"x3 ({autogroup.read_text().strip()}, as CPUWeight=300 under systemd)"
+    except OSError as error:  # not root, or a kernel without autogroups
+        return f"default: could not weigh it as its systemd unit does ({error})"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -350,6 +369,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="daemon phases, each between two pgbench ones")
     parser.add_argument("--batch-max", type=int, default=64, help="the daemon's daemon.batch_max")
     parser.add_argument("--writers", type=int, default=1, help="the daemon's daemon.writers")
+    parser.add_argument(
+        "--unweighted",
+        action="store_true",
+        help="run the daemon at a default CPU share, not its systemd unit's CPUWeight=300",
+    )
     parser.add_argument("--no-direct", action="store_true", help="skip the direct-to-ledger figure")
     parser.add_argument("--profile", action="store_true", help="also profile the daemon's writer")
     args = parser.parse_args()
@@ -367,7 +391,9 @@ def main() -> None:
         failed = 0
         with (
             tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
-            daemon_process(database, Path(workdir), args.batch_max, args.writers) as (socket_path, pid),
+            daemon_process(
+                database, Path(workdir), args.batch_max, args.writers, not args.unweighted
+            ) as (socket_path, pid),
         ):
             daemon_cpu = 0.0
             for phase in range(args.rounds):
