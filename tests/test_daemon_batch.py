@@ -359,3 +359,39 @@ def test_with_two_writers_one_accounts_requests_all_go_to_one_writer() -> None:
     committer.stop()
     assert all(len(names) == 1 for names in writers_of.values()), writers_of
     assert len(set().union(*writers_of.values())) == 2, "every account went to the same writer"
+
+
+def test_the_writer_takes_its_next_batch_once_the_last_ones_replies_are_worded() -> None:
+    """It shares one interpreter with the socket thread that words them; meanwhile the
+    requests that arrive join one batch. Should the wording never come, the writer goes
+    on after `reply_wait`."""
+    from sqlalchemy.orm import sessionmaker
+
+    from gpucredit.daemon.group_commit import GroupCommitter
+
+    handed: list[Callable[[], None]] = []
+    answers: list[Any] = []
+    committer = GroupCommitter(
+        sessionmaker(create_engine("sqlite://")), {"hold": lambda s, request: request["n"]}, reply_wait=60
+    )
+    committer.deliver = handed.append  # a socket thread that has not run them yet
+    committer.submit_async("hold", {"n": 1}, lambda result, error: answers.append(result))
+    wait_for(lambda: len(handed) == 1, "the first batch was never handed over")
+    committer.submit_async("hold", {"n": 2}, lambda result, error: answers.append(result))
+    time.sleep(0.2)  # a writer that did not wait would have taken it by now (it can only pass late)
+    assert committer.batches == 1, "the writer took a batch before the replies were worded"
+    committer.submit_async("hold", {"n": 3}, lambda result, error: answers.append(result))
+    handed[0]()  # the first batch's reply is worded: the writer goes on
+    wait_for(lambda: len(handed) == 2, "the writer never went on")
+    handed[1]()
+    assert answers == [1, 2, 3]
+    assert (committer.batches, committer.requests) == (2, 3)
+    committer.stop()
+
+    bounded = GroupCommitter(
+        sessionmaker(create_engine("sqlite://")), {"hold": lambda s, request: request["n"]}, reply_wait=0.01
+    )
+    bounded.deliver = lambda answer_all: None  # replies never worded
+    bounded.submit_async("hold", {"n": 1}, lambda result, error: None)
+    assert bounded.submit("hold", {"n": 2}) == 2  # a waiting thread is answered by the writer
+    bounded.stop()
