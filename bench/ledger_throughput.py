@@ -386,15 +386,15 @@ def main() -> None:
         # one after a long daemon run measured as much as the daemon. The ratio is the
         # median of the rounds'; all are printed.
         tps = [pgbench_tps(args.clients, int(args.seconds))]
+        weighted = not args.unweighted
         cycles: list[float] = []
         latencies: list[float] = []
         failed = 0
         with (
             tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
-            daemon_process(
-                database, Path(workdir), args.batch_max, args.writers, not args.unweighted
-            ) as (socket_path, pid),
+            daemon_process(database, Path(workdir), args.batch_max, args.writers, weighted) as served,
         ):
+            socket_path, pid = served
             daemon_cpu = 0.0
             for phase in range(args.rounds):
                 cpu_before = cpu_seconds(pid)
