@@ -18,8 +18,8 @@ Two paths are measured:
 
 The daemon runs with the CPU share its systemd unit gives it (CPUWeight=300, three times
 a default service's, emulated with its session's autogroup); `--unweighted` runs it at a
-default share. `--profile` also profiles the daemon's writer applying batches of holds and settles
-(the same GroupCommitter code, in this process, without the socket).
+default share. `--profile` also profiles the daemon's writer applying batches of holds
+and settles (the same GroupCommitter code, in this process, without the socket).
 """
 
 from __future__ import annotations
