@@ -393,5 +393,7 @@ def test_the_writer_takes_its_next_batch_once_the_last_ones_replies_are_worded()
     )
     bounded.deliver = lambda answer_all: None  # replies never worded
     bounded.submit_async("hold", {"n": 1}, lambda result, error: None)
-    assert bounded.submit("hold", {"n": 2}) == 2  # a waiting thread is answered by the writer
+    waited: list[Any] = []  # a waiting thread, answered by the writer itself
+    threading.Thread(target=lambda: waited.append(bounded.submit("hold", {"n": 2})), daemon=True).start()
+    wait_for(lambda: waited == [2], "the writer waited for the wording past reply_wait")
     bounded.stop()

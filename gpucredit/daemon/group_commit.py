@@ -18,9 +18,7 @@ replies are worded and sent on the socket thread (`deliver`), and the writer sta
 next batch only when they have been worded, or after `reply_wait` at most: started at
 once, the next batch's lock and reads waited for the interpreter at each of their round
 trips while ~30 replies were being worded, and it set off without the requests those
-clients were about to send. Waiting, the writer took ~6% larger batches and its time
-per request fell ~10% (bench/ledger_throughput.py: 0.52-0.54 of pgbench against
-0.48-0.49, alternating runs).
+clients were about to send (measured: docs/admin-guide.md §8).
 
 When the database fails under the batch (a restart, a killed connection, a failed
 COMMIT) nothing of it commits and every request in it is answered `BatchFailed`,
@@ -257,8 +255,8 @@ class GroupCommitter:
                 return
 
     def _finish(self, batch: Sequence[Pending], worded: threading.Event) -> None:
-        """Answer `batch`: callbacks through `deliver`, which sets `worded` once it has run
-        them all; waiting threads at once."""
+        """Answer `batch`: waiting threads at once; callbacks through `deliver`, in one call
+        that sets `worded` once it has run them all."""
         deliver = self.deliver
         handed: list[Pending] = []
         for pending in batch:
