@@ -126,6 +126,9 @@ local function valid_utf8(s)
 end
 
 local function encode_string(s)
+    if not s:find('[%c"\\\128-\255]') then
+        return '"' .. s .. '"'    -- the usual name or GRES string: nothing to escape
+    end
     local escaped = valid_utf8(s):gsub('[%c"\\]', function(c)
         return ESCAPES[c] or string.format("\\u%04x", c:byte())
     end)
@@ -154,16 +157,24 @@ local function encode_scalar(v)
     return nil   -- nil, or a type we do not forward
 end
 
--- {key = scalar}, keys in the given order, nil values left out.
-local function encode_object(keys, values)
-    local parts = {}
-    for _, key in ipairs(keys) do
-        local encoded = encode_scalar(values[key])
-        if encoded ~= nil then
-            parts[#parts + 1] = encode_string(key) .. ":" .. encoded
-        end
+-- A function from a record to its `"key":value` parts: `keys` in the given order, nil
+-- values left out. The record is read by name only (Slurm's records are userdata:
+-- pairs() sees nothing), and the keys are encoded once, here.
+local function object_encoder(keys)
+    local prefixes = {}
+    for i, key in ipairs(keys) do
+        prefixes[i] = encode_string(key) .. ":"
     end
-    return parts
+    return function(record)
+        local parts = {}
+        for i, key in ipairs(keys) do
+            local encoded = encode_scalar(record[key])
+            if encoded ~= nil then
+                parts[#parts + 1] = prefixes[i] .. encoded
+            end
+        end
+        return parts
+    end
 end
 
 ---------------------------------------------------------------------------
@@ -324,12 +335,12 @@ end
 ---------------------------------------------------------------------------
 -- The request
 
+local encode_job = object_encoder(FIELDS)
+local encode_partition = object_encoder({ "default_time", "max_time" })
+
 local function build_request(job_desc, part_list)
-    local parts = { '"op":"submit"' }
-    -- job_desc is userdata: read by name only (pairs() does not work on it).
-    for _, p in ipairs(encode_object(FIELDS, job_desc)) do
-        parts[#parts + 1] = p
-    end
+    local parts = encode_job(job_desc)
+    table.insert(parts, 1, '"op":"submit"')
     -- part_list is a real table (pairs works); its entries are userdata.
     local partitions = {}
     if type(part_list) == "table" then
@@ -342,10 +353,7 @@ local function build_request(job_desc, part_list)
         table.sort(names)
         for _, name in ipairs(names) do
             local part = part_list[name]
-            local fields = encode_object({ "default_time", "max_time" }, {
-                default_time = part.default_time,
-                max_time = part.max_time,
-            })
+            local fields = encode_partition(part)
             local flag = part.flag_default
             if flag ~= nil then
                 fields[#fields + 1] = '"default":' .. ((flag == true or flag == 1) and "true" or "false")
@@ -359,6 +367,56 @@ end
 
 ---------------------------------------------------------------------------
 -- The exchange: one request line out, one reply line back, within TIMEOUT.
+--
+-- The connection to each daemon is kept open between submissions (slurmctld keeps this
+-- script's Lua state, and calls it under one lock): no socket, connect and accept per
+-- job. Only a connection whose exchange completed is kept, so a late or partial reply
+-- can never be read as the next job's answer. The daemon closes a connection idle for
+-- 30 s, and a restarted daemon has closed them all: a kept connection found closed (the
+-- send refused, or closed with nothing read back) is replaced by a new one within the
+-- same deadline, once. A quote changes nothing, so asking again is safe.
+
+local KEPT = {}    -- daemon socket path -> its open connection
+
+-- Returns the reply line, or nil, why and whether the daemon had hung up unasked.
+local function exchange(sock, path, line, remaining)
+    local sent = 0
+    while sent < #line do
+        sock:settimeout(remaining(), "t")
+        local last, send_err, partial = sock:send(line, sent + 1)
+        if not last then
+            if partial and partial > sent then
+                sent = partial
+            else
+                return nil, "send to " .. path .. " failed: " .. tostring(send_err),
+                    send_err == "closed" and sent == 0
+            end
+        else
+            sent = last
+        end
+    end
+    sock:settimeout(remaining(), "t")
+    local reply, recv_err, partial = sock:receive("*l")
+    if not reply then
+        if recv_err == "closed" and partial and partial ~= "" then
+            return partial, nil, false    -- the daemon closed right after its line
+        end
+        -- Closed with nothing read back: the daemon hung up before it read the line.
+        return nil, "no reply from " .. path .. ": " .. tostring(recv_err), recv_err == "closed"
+    end
+    return reply, nil, false
+end
+
+local function connect(path, remaining)
+    local sock = assert((unix.stream or unix)())
+    sock:settimeout(remaining(), "t")
+    local connected, err = sock:connect(path)
+    if not connected then
+        sock:close()
+        fail("cannot connect to " .. path .. ": " .. tostring(err))
+    end
+    return sock
+end
 
 local function ask_one(path, line, deadline)
     local function remaining()
@@ -368,43 +426,29 @@ local function ask_one(path, line, deadline)
         end
         return left
     end
-    local sock = assert((unix.stream or unix)())
-    local ok, result = pcall(function()
-        -- "t": a total limit per call, refreshed from the one deadline.
-        sock:settimeout(remaining(), "t")
-        local connected, err = sock:connect(path)
-        if not connected then
-            fail("cannot connect to " .. path .. ": " .. tostring(err))
-        end
-        local sent = 0
-        while sent < #line do
-            sock:settimeout(remaining(), "t")
-            local last, send_err, partial = sock:send(line, sent + 1)
-            if not last then
-                if partial and partial > sent then
-                    sent = partial
-                else
-                    fail("send to " .. path .. " failed: " .. tostring(send_err))
-                end
-            else
-                sent = last
-            end
-        end
-        sock:settimeout(remaining(), "t")
-        local reply, recv_err, partial = sock:receive("*l")
-        if not reply then
-            if recv_err == "closed" and partial and partial ~= "" then
-                return partial    -- the daemon closed right after its line
-            end
-            fail("no reply from " .. path .. ": " .. tostring(recv_err))
-        end
-        return reply
+    local sock = KEPT[path]
+    KEPT[path] = nil
+    local reused = sock ~= nil
+    local ok, reply, why, hung_up = pcall(function()
+        sock = sock or connect(path, remaining)
+        return exchange(sock, path, line, remaining)
     end)
-    sock:close()
-    if not ok then
-        error(result, 0)
+    if ok and not reply and reused and hung_up then
+        sock:close()
+        sock = nil
+        ok, reply, why = pcall(function()
+            sock = connect(path, remaining)
+            return exchange(sock, path, line, remaining)
+        end)
     end
-    return result
+    if ok and reply then
+        KEPT[path] = sock
+        return reply
+    end
+    if sock then
+        sock:close()
+    end
+    error(ok and why or reply, 0)
 end
 
 -- Each daemon in turn within the one TIMEOUT, each try getting an equal share of the

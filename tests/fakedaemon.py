@@ -4,7 +4,9 @@ replies a test decides. Import the fixtures into a test module to use them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import socketserver
 import tempfile
 import threading
@@ -28,10 +30,21 @@ class FakeDaemon:
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
         self.raw_requests: list[bytes] = []
+        self.connections = 0  # accepted so far
+        self.open: set[socket.socket] = set()
         self.release = threading.Event()
         daemon = self
 
         class Handler(socketserver.StreamRequestHandler):
+            def setup(self) -> None:
+                super().setup()
+                daemon.connections += 1
+                daemon.open.add(self.request)
+
+            def finish(self) -> None:
+                daemon.open.discard(self.request)
+                super().finish()
+
             def handle(self) -> None:
                 for raw in self.rfile:
                     daemon.raw_requests.append(raw)
@@ -57,8 +70,15 @@ class FakeDaemon:
         )
         self.thread.start()
 
+    def hang_up(self) -> None:
+        """Close every open connection, as the daemon does with idle ones."""
+        for sock in list(self.open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def stop(self) -> None:
         self.release.set()
+        self.hang_up()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)

@@ -14,14 +14,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakedaemon import HANG, FakeDaemon, Responder
+from tests.fakedaemon import CLOSE, HANG, FakeDaemon, Responder
 from tests.fakedaemon import fake_daemon as fake_daemon
 from tests.fakedaemon import sockdir as sockdir
 
@@ -103,7 +104,7 @@ local loaded = dofile(%(script)s)
 
 -- Slurm lets job_submit write some fields (a routed job's partition and comment);
 -- writing any other is a test failure.
-local written = {}
+local written
 local function userdata_like(fields, writable)
     return setmetatable({}, {
         __index = fields,
@@ -114,27 +115,40 @@ local function userdata_like(fields, writable)
         end,
     })
 end
-local job_desc = userdata_like(%(job_desc)s, { partition = true, comment = true })
-local part_list = {}
-for name, fields in pairs(%(partitions)s) do
-    part_list[name] = userdata_like(fields)
-end
-
-local rc = slurm_job_submit(job_desc, part_list, 1001)
-local modify_rc = slurm_job_modify(job_desc, job_desc, part_list, 0)
 local function hex(s)
     return (s:gsub(".", function(c) return string.format("%%02x", c:byte()) end))
 end
 print("LOADED " .. tostring(loaded))
-print("RC " .. tostring(rc))
-print("MODIFY " .. tostring(modify_rc))
-for _, key in ipairs(written) do
-    print("SET " .. key .. " " .. hex(tostring(job_desc[key])))
-end
-for _, kind in ipairs({ "USER", "INFO", "ERROR" }) do
-    for _, message in ipairs(captured[kind]) do
-        print(kind .. " " .. hex(message))
+
+-- Each submission in the same Lua state, as slurmctld keeps it; between two the test
+-- acts on the daemon, then says go on (a line on stdin).
+for submission = 1, %(submissions)d do
+    if submission > 1 then
+        io.read("*l")
     end
+    written = {}
+    for _, kind in pairs(captured) do
+        for i = #kind, 1, -1 do kind[i] = nil end
+    end
+    local job_desc = userdata_like(%(job_desc)s, { partition = true, comment = true })
+    local part_list = {}
+    for name, fields in pairs(%(partitions)s) do
+        part_list[name] = userdata_like(fields)
+    end
+    local rc = slurm_job_submit(job_desc, part_list, 1001)
+    local modify_rc = slurm_job_modify(job_desc, job_desc, part_list, 0)
+    print("RC " .. tostring(rc))
+    print("MODIFY " .. tostring(modify_rc))
+    for _, key in ipairs(written) do
+        print("SET " .. key .. " " .. hex(tostring(job_desc[key])))
+    end
+    for _, kind in ipairs({ "USER", "INFO", "ERROR" }) do
+        for _, message in ipairs(captured[kind]) do
+            print(kind .. " " .. hex(message))
+        end
+    end
+    print("DONE")
+    io.stdout:flush()
 end
 """
 
@@ -183,6 +197,34 @@ def run_script(
     prelude: str = "",
     substitute: bool = True,
 ) -> Outcome:
+    """One submission to a freshly loaded script."""
+    [outcome] = run_submissions(
+        tmp_path,
+        socket_path,
+        policy=policy,
+        timeout=timeout,
+        job_desc=job_desc,
+        partitions=partitions,
+        prelude=prelude,
+        substitute=substitute,
+    )
+    return outcome
+
+
+def run_submissions(
+    tmp_path: Path,
+    socket_path: str,
+    *,
+    between: Sequence[Callable[[], None]] = (),
+    policy: str = "reject",
+    timeout: str = "1.0",
+    job_desc: dict[str, Any] | None = None,
+    partitions: dict[str, Any] | None = None,
+    prelude: str = "",
+    substitute: bool = True,
+) -> list[Outcome]:
+    """len(between) + 1 submissions to one loaded script, as slurmctld keeps it; each of
+    `between` is called after the submission before it has been answered."""
     text = SCRIPT.read_text()
     if substitute:
         text = text.replace("@SOCKET@", socket_path).replace("@POLICY@", policy).replace("@TIMEOUT@", timeout)
@@ -196,15 +238,41 @@ def run_script(
             "script": lua_literal(str(script)),
             "job_desc": lua_literal(JOB_DESC if job_desc is None else job_desc),
             "partitions": lua_literal(PARTITIONS if partitions is None else partitions),
+            "submissions": len(between) + 1,
         }
     )
-    done = subprocess.run(["lua5.1", str(driver)], capture_output=True, text=True, timeout=30, check=False)
-    assert done.returncode == 0, done.stderr
+    pipe = subprocess.PIPE
+    lua = subprocess.Popen(["lua5.1", str(driver)], stdin=pipe, stdout=pipe, stderr=pipe, text=True)
+    assert lua.stdin is not None and lua.stdout is not None
+    try:
+        loaded = lua.stdout.readline()
+        assert loaded.startswith("LOADED "), loaded + lua.communicate(timeout=30)[1]
+        outcomes = []
+        for step in [*between, None]:
+            lines: list[str] = []
+            while (line := lua.stdout.readline()) != "DONE\n":
+                assert line, "".join(lines) + lua.communicate(timeout=30)[1]  # it ended early
+                lines.append(line)
+            outcomes.append(_outcome(int(loaded.split()[1]), lines))
+            if step is not None:
+                step()
+                lua.stdin.write("go\n")
+                lua.stdin.flush()
+        _, stderr = lua.communicate(timeout=30)
+        assert lua.returncode == 0, stderr
+    finally:
+        if lua.poll() is None:
+            lua.kill()
+            lua.wait()
+    return outcomes
+
+
+def _outcome(loaded: int, lines: list[str]) -> Outcome:
     values: dict[str, int] = {}
     logs: dict[str, list[str]] = {"USER": [], "INFO": [], "ERROR": []}
     written: dict[str, str] = {}
-    for line in done.stdout.splitlines():
-        kind, _, rest = line.partition(" ")
+    for line in lines:
+        kind, _, rest = line.rstrip("\n").partition(" ")
         if kind == "SET":
             key, _, value = rest.partition(" ")
             written[key] = bytes.fromhex(value).decode("utf-8")
@@ -212,9 +280,7 @@ def run_script(
             logs[kind].append(bytes.fromhex(rest).decode("utf-8"))
         else:
             values[kind] = int(rest)
-    return Outcome(
-        values["LOADED"], values["RC"], values["MODIFY"], logs["USER"], logs["INFO"], logs["ERROR"], written
-    )
+    return Outcome(loaded, values["RC"], values["MODIFY"], logs["USER"], logs["INFO"], logs["ERROR"], written)
 
 
 # --- decisions ------------------------------------------------------------------------------
@@ -500,3 +566,104 @@ def test_both_daemons_down_follows_policy_naming_the_last(sockdir: Path, tmp_pat
     assert outcome.error[0].startswith(
         f"gpucredit: credit check failed (cannot connect to {sockdir / 'b.sock'}"
     )
+
+
+# --- one connection kept between submissions -------------------------------------------------
+
+
+def answers(*replies: Any) -> Responder:
+    """A responder giving `replies` in turn, one per request."""
+    queue = list(replies)
+    return lambda _: queue.pop(0)
+
+
+def test_one_connection_serves_every_submission(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ACCEPTED))
+    outcomes = run_submissions(tmp_path, daemon.path, between=[lambda: None] * 2)
+    assert [(o.rc, o.user, o.error) for o in outcomes] == [(0, [ACCEPTED], [])] * 3
+    assert (len(daemon.requests), daemon.connections) == (3, 1)
+
+
+@pytest.mark.parametrize("how", ["idle", "restarted"])
+def test_a_connection_the_daemon_closed_is_replaced(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path, how: str
+) -> None:
+    daemon = fake_daemon(lambda _: decision("accept", ACCEPTED))
+    restarted: list[FakeDaemon] = []
+
+    def close() -> None:
+        if how == "idle":  # the daemon closes a connection idle for 30 s
+            daemon.hang_up()
+        else:
+            daemon.stop()
+            Path(daemon.path).unlink()
+            restarted.append(FakeDaemon(daemon.path, lambda _: decision("reject", "gpucredit: refused")))
+
+    try:
+        first, second = run_submissions(tmp_path, daemon.path, between=[close])
+    finally:
+        for again in restarted:
+            again.stop()
+    assert (first.rc, first.user) == (0, [ACCEPTED])
+    if how == "idle":
+        assert (second.rc, second.user, second.error) == (0, [ACCEPTED], [])
+        assert (len(daemon.requests), daemon.connections) == (2, 2)
+    else:
+        assert (second.rc, second.user, second.error) == (-1, ["gpucredit: refused"], [])
+        assert (len(restarted[0].requests), restarted[0].connections) == (1, 1)
+
+
+def test_a_kept_connection_closed_unanswered_is_asked_again_once(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    # The daemon hangs up on the second job's line as it arrives (its idle close racing
+    # the send): asked again on a new connection. A daemon that hangs up on that one too
+    # is not asked a third time.
+    refusal = decision("reject", "gpucredit: refused")
+    daemon = fake_daemon(answers(decision("accept", ACCEPTED), CLOSE, refusal, CLOSE, CLOSE))
+    first, second, third = run_submissions(tmp_path, daemon.path, between=[lambda: None] * 2)
+    assert (first.rc, first.user) == (0, [ACCEPTED])
+    assert (second.rc, second.user, second.error) == (-1, ["gpucredit: refused"], [])
+    assert (third.rc, third.user) == (-1, [UNAVAILABLE])
+    assert third.error[0].startswith("gpucredit: credit check failed (no reply from ")
+    assert (len(daemon.requests), daemon.connections) == (5, 3)
+
+
+def test_a_fresh_connection_closed_unanswered_is_not_asked_again(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    daemon = fake_daemon(answers(CLOSE, decision("accept", ACCEPTED)))
+    outcome = run_script(tmp_path, daemon.path)
+    assert (outcome.rc, outcome.user) == (-1, [UNAVAILABLE])
+    assert (len(daemon.requests), daemon.connections) == (1, 1)
+
+
+def test_a_late_reply_is_never_read_as_the_next_jobs_answer(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    late = threading.Event()
+
+    def respond(request: dict[str, Any]) -> Any:
+        if len(daemon.requests) == 1:
+            late.wait(10)  # past the script's timeout: the first job follows the policy
+            return decision("reject", "gpucredit: the first job's late answer")
+        return decision("accept", ACCEPTED)
+
+    daemon = fake_daemon(respond)
+    first, second = run_submissions(tmp_path, daemon.path, timeout="0.3", between=[late.set])
+    assert (first.rc, first.user) == (-1, [UNAVAILABLE])
+    assert "timeout" in first.error[0]
+    assert (second.rc, second.user, second.error) == (0, [ACCEPTED], [])
+    assert daemon.connections == 2
+
+
+def test_the_backup_answers_once_the_primary_with_a_kept_connection_is_gone(
+    fake_daemon: Callable[[Responder], FakeDaemon], tmp_path: Path
+) -> None:
+    primary = fake_daemon(lambda _: decision("accept", "from the primary"))
+    backup = fake_daemon(lambda _: decision("accept", ACCEPTED))
+    first, second = run_submissions(tmp_path, f"{primary.path} {backup.path}", between=[primary.stop])
+    assert (first.user, second.user, second.error) == (["from the primary"], [ACCEPTED], [])
+    assert (len(primary.requests), len(backup.requests)) == (1, 1)
