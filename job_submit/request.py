@@ -128,6 +128,8 @@ def _int_field(fields: Mapping[str, Any], key: str, code: str) -> int | None:
     value = fields.get(key)
     if value is None:
         return None
+    if type(value) is int and value >= 0:
+        return value  # what the Lua script sends: a JSON integer
     if isinstance(value, bool):
         raise InvalidRequest(code, f"{key} must be an integer, got {value!r}")
     if isinstance(value, float):

@@ -148,6 +148,8 @@ def _is_digits(text: str) -> bool:
 
 def _split_top_level(text: str, opening: str, closing: str) -> list[str]:
     """Split on commas that are not inside `opening`...`closing`; brackets must balance."""
+    if opening not in text and closing not in text:
+        return text.split(",")  # the usual GRES or host list: no brackets to track
     items: list[str] = []
     depth = 0
     start = 0

@@ -45,12 +45,19 @@ class DaemonMetrics:
             buckets=LATENCY_BUCKETS_SECONDS,
             registry=self.registry,
         )
+        # Each operation's series, looked up once (labels() takes a lock and builds a key
+        # on every call, on the path every quote takes); made on first use, so only
+        # operations that happened are exported, as before.
+        self._durations: dict[str, Any] = {}
 
     def observe(self, operation: Any, seconds: float, reply: dict[str, Any]) -> None:
         """Count one answered request; unknown operations share one label, so a client
         cannot grow the number of series."""
         label = operation if isinstance(operation, str) and operation in self.operations else "unknown"
-        self.duration.labels(label).observe(seconds)
+        series = self._durations.get(label)
+        if series is None:
+            series = self._durations[label] = self.duration.labels(label)
+        series.observe(seconds)
         if not reply.get("ok"):
             self.refusals.labels(str(reply.get("error", {}).get("code", "error")), label).inc()
         elif isinstance(reply.get("result"), dict) and reply["result"].get("decision") == "reject":
