@@ -6,6 +6,9 @@ Needs root and the box with gpucredit on it (`make slurm-up`). Submissions are h
 
     .venv/bin/python -m bench.slurm_hooks [--submissions 60] [--prolog-runs 100]
 
+It also times job_submit.lua's check inside slurmctld (the script's own clock, logged),
+the direct measure of what the ratio below estimates through sbatch's noise.
+
 Ends with the performance table's rows (bench.goals): the PrologSlurmctld hook's p50
 and p99 (goal 35 / 60 ms, must 50 / 100 ms) and sbatch's median with gpucredit's
 job_submit.lua over without it (goal 1.02, must 1.05).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from bench.goals import percentile, report
 from slurmbox import SlurmBox, run
-from slurmbox.box import ETC_DIR
+from slurmbox.box import ETC_DIR, LOG_DIR
 
 GPUCREDIT = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucredit")
 CONFIG = os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml")
@@ -74,6 +78,40 @@ def switch_script(box: SlurmBox, mode: str) -> list[str]:
     if ("gpucredit:" in done.stderr) != (mode == "gpucredit"):
         raise SystemExit(f"slurmctld did not switch to the {mode} job_submit.lua: {done.stderr!r}")
     return ids
+
+
+# Appended to the installed script: times its whole check (request, exchange, answer)
+# with luasocket's clock and logs it to slurmctld's log, where check_times reads it.
+TIMED_CHECK = """
+local untimed_submit = slurm_job_submit
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    local began = socket.gettime()
+    local rc = untimed_submit(job_desc, part_list, submit_uid)
+    slurm.log_info("gpucredit-bench: check took %.4f ms", (socket.gettime() - began) * 1000)
+    return rc
+end
+"""
+
+
+def check_times(count: int) -> tuple[list[float], list[str]]:
+    """job_submit.lua's check as slurmctld runs it: the installed script with TIMED_CHECK
+    appended (reinstalled unchanged by the caller's use_hooks)."""
+    script = Path(ETC_DIR) / "job_submit.lua"
+    text = script.read_text()
+    end = text.rindex("return SUCCESS")
+    script.write_text(text[:end] + TIMED_CHECK + text[end:])
+    time.sleep(max(0.0, script.stat().st_mtime + 1.1 - time.time()))  # see switch_script
+    log = LOG_DIR / "slurmctld.log"
+    _, ids = sbatch_times(3)
+    start = log.stat().st_size
+    more = sbatch_times(count)[1]
+    with log.open() as lines:
+        lines.seek(start)
+        logged = re.findall(r"gpucredit-bench: check took ([0-9.]+) ms", lines.read())
+    times = [float(ms) / 1000 for ms in logged]
+    if len(times) != count:
+        raise SystemExit(f"found {len(times)} timed checks in {log} for {count} submissions")
+    return times, ids + more
 
 
 def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
@@ -129,6 +167,9 @@ def main() -> None:
             into += times
             ids += more
         ids += switch_script(box, "gpucredit")
+        checks, more = check_times(args.submissions // 2)
+        ids += more
+        ids += switch_script(box, "gpucredit")  # the untimed script again
         running = box.submit(["-A", "physics", "--gres=gpu:a100:1", "-t", "10", "--wrap", "sleep 600"])
         ids.append(str(running))
         box.wait_state(running, "RUNNING", timeout=60)
@@ -142,6 +183,11 @@ def main() -> None:
     print(
         f"sbatch median over {len(plain)} each: without gpucredit {plain_ms:.1f} ms, "
         f"with gpucredit's job_submit {gc_ms:.1f} ms"
+    )
+    check_ms = statistics.median(checks) * 1000
+    print(
+        f"job_submit.lua's check inside slurmctld, median of {len(checks)}: {check_ms:.2f} ms "
+        f"(x{1 + check_ms / plain_ms:.3f} of sbatch without it)"
     )
     print(f"prolog-slurmctld hook over {args.prolog_runs} runs (a new hold each)")
     py = [0.0] * 20
