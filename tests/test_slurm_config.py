@@ -284,12 +284,13 @@ def test_box_has_the_accounts_and_users(slurm_box: SlurmBox) -> None:
     assert "chemistry|alice|" not in out
 
 
+# Refuses jobs named hold-probe the way gpucredit's PrologSlurmctld does, but without its
+# AdminComment mark: the box's daemons release marked jobs their account can pay for (a
+# full scan every minute), and this probes Slurm alone. Other jobs run the real shim.
 HOLD_PROBE_PROLOG = """#!/bin/sh
-# Refuses jobs named hold-probe the way gpucredit's PrologSlurmctld does; others run the real shim.
 case "$SLURM_JOB_NAME" in hold-probe) ;; *) exec {original} ;; esac
 [ -e {allow} ] && exit 0
-/usr/bin/scontrol update jobid=$SLURM_JOB_ID priority=0 comment="gpucredit: no credit" \\
-    admincomment=gpucredit-hold
+/usr/bin/scontrol update jobid=$SLURM_JOB_ID priority=0 comment="gpucredit: no credit"
 exit 1
 """
 
