@@ -52,6 +52,7 @@ from ledger import api
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade
 from slurm_hooks.client import DaemonClient, DaemonUnreachable
+from slurmbox.gpucredit_site import weigh_as_its_unit
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ACCOUNTS = 256
@@ -119,7 +120,7 @@ def daemon_process(
 ) -> Iterator[tuple[str, int]]:
     """A real `gpucredit daemon` on `database`; yields its socket. Its Slurm is an sinfo
     script (the daemon reads partitions in the background), as in tests/test_daemon.py.
-    `weighted`: with the CPU share its systemd unit gives it (`weigh_as_service`)."""
+    `weighted`: with the CPU share its systemd unit gives it (`weigh_as_its_unit`)."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'gpu|gpu:h100:8,gpu:a100:8'\n")
@@ -147,7 +148,7 @@ def daemon_process(
             start_new_session=True,
         )
     if weighted:
-        print(f"daemon  CPU share: {weigh_as_service(process.pid)}")
+        print(f"daemon  CPU share: {weigh_as_its_unit(process.pid)}")
     try:
         client = DaemonClient(str(socket_path), 5.0)
         deadline = time.monotonic() + 60
@@ -180,18 +181,6 @@ def daemon_process(
                 f"daemon  {requests} requests in {count} batches ({requests / max(count, 1):.1f} per batch)"
                 + writer
             )
-
-
-def weigh_as_service(pid: int) -> str:
-    """Give the daemon three times a default process group's CPU share, as CPUWeight=300
-    in conf/systemd/gpucredit-daemon.service does against slurmctld's default 100: its
-    session's autogroup at nice -5 weighs 3121 against 1024. Says what it did."""
-    autogroup = Path(f"/proc/{pid}/autogroup")
-    try:
-        autogroup.write_text("-5")
-        return f"x3 ({autogroup.read_text().strip()}, as CPUWeight=300 under systemd)"
-    except OSError as error:  # not root, or a kernel without autogroups
-        return f"default: could not weigh it as its systemd unit does ({error})"
 
 
 def cpu_seconds(pid: int) -> float:

@@ -119,11 +119,24 @@ def _start_daemon(pid_file: Path, socket: Path, log_name: str) -> None:
             start_new_session=True,  # outlives `make slurm-up`
         )
     pid_file.write_text(f"{proc.pid}\n")
+    weigh_as_its_unit(proc.pid)  # the box has no systemd to apply the unit's CPUWeight
     deadline = time.monotonic() + _DAEMON_START_S
     while not socket.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise BoxError(f"gpucredit daemon did not start; see {LOG_DIR / log_name}")
         time.sleep(0.1)
+
+
+def weigh_as_its_unit(pid: int) -> str:
+    """Give the daemon three times a default process group's CPU share, as CPUWeight=300
+    in conf/systemd/gpucredit-daemon.service does against slurmctld's default 100: its
+    session's autogroup at nice -5 weighs 3121 against 1024. Says what it did."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    try:
+        autogroup.write_text("-5")
+        return f"x3 ({autogroup.read_text().strip()}, as CPUWeight=300 under systemd)"
+    except OSError as error:  # not root, or a kernel without autogroups
+        return f"default: could not weigh it as its systemd unit does ({error})"
 
 
 def down() -> None:
@@ -135,4 +148,4 @@ def down() -> None:
         pid_file.unlink(missing_ok=True)
 
 
-__all__ = ["CONFIG", "GPUCREDIT", "down", "gpucredit", "running_pid", "up"]
+__all__ = ["CONFIG", "GPUCREDIT", "down", "gpucredit", "running_pid", "up", "weigh_as_its_unit"]
