@@ -380,6 +380,7 @@ local KEPT = {}    -- daemon socket path -> its open connection
 
 -- Returns the reply line, or nil, why and whether the daemon had hung up unasked.
 local function exchange(sock, path, line, remaining)
+    -- "t": a total limit per call, refreshed from the one deadline.
     local sent = 0
     while sent < #line do
         sock:settimeout(remaining(), "t")
@@ -401,7 +402,7 @@ local function exchange(sock, path, line, remaining)
         if recv_err == "closed" and partial and partial ~= "" then
             return partial, nil, false    -- the daemon closed right after its line
         end
-        -- Closed with nothing read back: the daemon hung up before it read the line.
+        -- Closed with nothing read back: the daemon hung up without answering.
         return nil, "no reply from " .. path .. ": " .. tostring(recv_err), recv_err == "closed"
     end
     return reply, nil, false
