@@ -186,28 +186,9 @@ PARTITIONS: dict[str, Any] = {
 }
 
 
-def run_script(
-    tmp_path: Path,
-    socket_path: str,
-    *,
-    policy: str = "reject",
-    timeout: str = "1.0",
-    job_desc: dict[str, Any] | None = None,
-    partitions: dict[str, Any] | None = None,
-    prelude: str = "",
-    substitute: bool = True,
-) -> Outcome:
-    """One submission to a freshly loaded script."""
-    [outcome] = run_submissions(
-        tmp_path,
-        socket_path,
-        policy=policy,
-        timeout=timeout,
-        job_desc=job_desc,
-        partitions=partitions,
-        prelude=prelude,
-        substitute=substitute,
-    )
+def run_script(tmp_path: Path, socket_path: str, **options: Any) -> Outcome:
+    """One submission to a freshly loaded script (options: run_submissions's)."""
+    [outcome] = run_submissions(tmp_path, socket_path, **options)
     return outcome
 
 
