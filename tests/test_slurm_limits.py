@@ -257,7 +257,9 @@ def test_an_account_past_its_daily_cap_is_blocked_until_the_next_day(
         plan = json.loads(
             cluster.gpucredit("limits", "sync", "--dry-run", "--at", midnight, "--format", "json")
         )
-        assert [(c["name"], c["new"]) for c in plan["changes"]] == [(account, "-")]
+        # Again only this account: at the keeper's clock (yesterday) the earlier tests' accounts
+        # had no credit yet, and whether it has blocked them by now is a race this test ignores.
+        assert [(c["name"], c["new"]) for c in plan["changes"] if c["name"] == account] == [(account, "-")]
     finally:
         clock.offset = timedelta()  # the day boundary passes for the keeper
     wait_for(lambda: gpu_limits(account) == "", "the daemon lifts the block")
