@@ -291,7 +291,8 @@ _DETACHED: list[subprocess.Popen[bytes]] = []  # supervisors started with detach
 class SlurmBox:
     """Handle on the cluster in a box; cheap to create (no I/O here).
 
-    hooks: "gpucredit" (shims run `gpucredit_exe hook ...`, the real
+    hooks: "gpucredit" (shims run `gpucredit hook ...` as `gpucredit slurm install`
+    writes them, by the interpreter beside `gpucredit_exe`; the real
     job_submit.lua when present), "passthrough" (shims run /bin/true, the
     pass-through job_submit.lua), or "auto" (gpucredit when `gpucredit_exe`
     and slurm_hooks/hooks.py exist). Switch at any time with `use_hooks()`: slurmctld re-reads the
@@ -348,15 +349,16 @@ class SlurmBox:
             self.hooks = mode
         resolved = self.resolved_hooks()
         if resolved == "gpucredit":
-            exe = self.gpucredit_exe
+            # As `gpucredit slurm install` writes them: the venv's interpreter without site.
+            command = slurmconf.launcher_command(str(Path(self.gpucredit_exe).with_name("python")))
             lua = slurmconf.PACKAGED_JOB_SUBMIT_LUA
             if not lua.is_file():  # never bill through a pass-through script by accident
                 raise BoxError(f"gpucredit's job_submit.lua is not at {lua}")
         else:
-            exe, lua = "/bin/true", PASSTHROUGH_LUA
-        slurmconf.install(ETC_DIR, self.hook_dir, exe, self.config_path, job_submit_lua=str(lua))
+            command, lua = ["/bin/true"], PASSTHROUGH_LUA
+        slurmconf.install(ETC_DIR, self.hook_dir, command, self.config_path, job_submit_lua=str(lua))
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        _write(RUN_DIR / "hooks", f"{resolved} {exe} {lua}\n")
+        _write(RUN_DIR / "hooks", f"{resolved} {' '.join(command)} {lua}\n")
         return resolved
 
     @contextlib.contextmanager

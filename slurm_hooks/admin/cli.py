@@ -7,7 +7,6 @@ controllers where the ledger's dependencies need not be installed.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tomllib
 
@@ -17,6 +16,7 @@ from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
     install,
+    launcher_command,
     slurm_conf_lines,
 )
 
@@ -49,15 +49,6 @@ def _parse_gres(value: str | None) -> list[str] | None:
     if not types:
         raise click.BadParameter("name at least one GPU type, e.g. a100,h100")
     return types
-
-
-def _default_exe() -> str | None:
-    found = shutil.which("gpucredit")
-    if found:
-        return os.path.abspath(found)
-    if os.path.basename(sys.argv[0]) == "gpucredit":
-        return os.path.abspath(sys.argv[0])
-    return None
 
 
 @click.group("slurm")
@@ -101,7 +92,8 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
 @click.option(
     "--gpucredit-exe",
     default=None,
-    help="Absolute path of the gpucredit executable the hooks run [default: this one].",
+    help="Absolute path of a gpucredit executable for the hooks to run [default: this "
+    "installation's, started by its interpreter without site-packages' start-up cost].",
 )
 @click.option(
     "--config",
@@ -111,11 +103,9 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
 )
 def install_command(etc_dir: str, hook_dir: str, gpucredit_exe: str | None, config_path: str | None) -> None:
     """Write the hook shims and job_submit.lua (run as root on the controller)."""
-    exe = gpucredit_exe or _default_exe()
-    if exe is None:
-        raise click.UsageError("cannot find the gpucredit executable: pass --gpucredit-exe")
     try:
-        written = install(etc_dir, hook_dir, exe, config_path or _config_path())
+        command = [gpucredit_exe] if gpucredit_exe else launcher_command(sys.executable)
+        written = install(etc_dir, hook_dir, command, config_path or _config_path())
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from e
     except PermissionError as e:
