@@ -823,7 +823,7 @@ def _reconcile_batch(
     `force` re-plans every run.
     """
     changed: dict[tuple[str, int], list[SacctRun]] = {}
-    stored_jobs: Collection[tuple[str, int]] | None = None  # jobs with a stored row; None: unknown
+    records: _Records | None = None  # every stored row of the batch's jobs; None: not read
     if force:
         changed.update(jobs)
     else:
@@ -831,7 +831,6 @@ def _reconcile_batch(
             records = jobrun_records.stored_records(s, jobs.keys())
         if not records:  # a first read of this window: nothing stored, nothing unchanged
             changed.update(jobs)
-            stored_jobs = ()
         else:
             unchanged = 0
             for key, job_runs in jobs.items():
@@ -841,12 +840,15 @@ def _reconcile_batch(
                     else:
                         changed.setdefault(key, []).append(run)
             summary.counts["unchanged"] += unchanged
-            stored_jobs = {(cluster, job_id) for cluster, job_id, _, _ in records}
-    if not changed:
+    if not changed:  # the usual re-read of a window: done with one read
         return
     # Only jobs with a changed run need their holds, and only those with a stored row
     # (the range read above saw every row of the batch's jobs) their stored rows.
-    with_rows = changed.keys() if stored_jobs is None else {key for key in changed if key in stored_jobs}
+    if records is None:
+        with_rows: Collection[tuple[str, int]] = changed.keys()
+    else:
+        stored_jobs = {(cluster, job_id) for cluster, job_id, _, _ in records}
+        with_rows = {key for key in changed if key in stored_jobs}
     with session_factory() as s, s.begin():
         job_rows = _StoredRuns(jobruns.load_job_runs(s, with_rows) if with_rows else {})
         holds_by_job = jobruns.load_hold_views(s, changed.keys())

@@ -50,7 +50,7 @@ HOOKS: dict[str, str] = {
 # (a sibling package, both in a source checkout and once installed).
 PACKAGED_JOB_SUBMIT_LUA = Path(__file__).resolve().parents[2] / "job_submit" / "job_submit.lua"
 
-# `gpucredit hook` for an interpreter run without `site` (see the module's docstring).
+# `gpucredit hook` for an interpreter run without `site` (that file says why).
 HOOK_LAUNCHER = Path(__file__).resolve().parents[2] / "gpucredit" / "hook_launcher.py"
 
 # One shim per hook; the @name@ placeholders are filled by render_shim.
@@ -137,7 +137,7 @@ def read_hook_settings(config_path: str) -> dict[str, dict[str, Any]]:
 
 
 def launcher_command(python: str) -> list[str]:
-    """`python` running this installation's `gpucredit hook` without `site`: 5-15 ms less
+    """`python` running this installation's `gpucredit hook` without `site`: 3-9 ms less
     at every hook's start (gpucredit/hook_launcher.py says why that is safe)."""
     return [_require_absolute("python", python), "-I", "-S", str(HOOK_LAUNCHER)]
 
