@@ -13,9 +13,8 @@ directory.
 import os
 import sys
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # a script only: importing it must not touch sys.path
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from gpucredit.cli import main
 
-from gpucredit.cli import main  # only now: the path above first
-
-if __name__ == "__main__":
     main()

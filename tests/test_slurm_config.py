@@ -239,7 +239,7 @@ def test_install_command(tmp_path: Path, fake_exe: Path, monkeypatch: pytest.Mon
 def test_by_default_the_shims_run_this_installations_hook_without_site(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The hooks start without site-packages (5-15 ms less per job): everything they
+    """The hooks start without site-packages (3-9 ms less per job): everything they
     import must come from the standard library or gpucredit's own packages. In a source
     checkout the launcher's path holds no third-party package, so a hook that grew such
     an import fails here."""
