@@ -200,14 +200,18 @@ def insert_rows_referencing(
     refs = {f"ref_{k}": target.c[k] for k in keys}
     casts, params = _arrays(s, table, names, rows, refs)
     own = [n for n in names if n not in refs]
+    # Each row's id by a look-up of its own (the `keys` are unique: an index probe), not a
+    # join: the planner joined by hashing the whole target table, a scan of the journal per
+    # batch until the table grew past ~10^5 rows. A row whose target is missing gets a NULL
+    # id, which the NOT NULL column refuses, where a join would have dropped the row.
+    found = " AND ".join(f"t.{quote(k)} = v.{quote(f'ref_{k}')}" for k in keys)
     sql = (
         f"INSERT INTO {quote(table.name)} ({quote(column)}, {', '.join(quote(n) for n in own)}) "
-        f"SELECT t.id, {', '.join(f'v.{quote(n)}' for n in own)} "
+        f"SELECT (SELECT t.id FROM {quote(target.name)} AS t WHERE {found}), "
+        f"{', '.join(f'v.{quote(n)}' for n in own)} "
         f"FROM unnest({', '.join(casts)}) WITH ORDINALITY AS v({', '.join(quote(n) for n in names)}, ord_) "
-        f"JOIN {quote(target.name)} AS t ON "
-        + " AND ".join(f"t.{quote(k)} = v.{quote(f'ref_{k}')}" for k in keys)
         # In the rows' order, as every insert here: ids follow it (a chain hashes postings by id).
-        + " ORDER BY v.ord_"
+        "ORDER BY v.ord_"
     )
     _send(s, sql, params)
     return True

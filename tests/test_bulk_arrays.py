@@ -9,10 +9,21 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, select
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
 
-from ledger.bulk import deferred_writes, insert_rows, update_rows
+from ledger.bulk import deferred_writes, insert_rows, insert_rows_referencing, update_rows
 from ledger.models import UTCDateTime
 
 metadata = MetaData()
@@ -24,6 +35,24 @@ sample = Table(
     Column("big", BigInteger),
     Column("at", UTCDateTime()),
     Column("flag", Boolean),
+)
+
+# A parent found by a unique pair of columns, and its children, as journal entries
+# (account, seq) and their postings.
+parent = Table(
+    "bulk_parent",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("owner", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    UniqueConstraint("owner", "seq"),
+)
+child = Table(
+    "bulk_child",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("parent_id", ForeignKey("bulk_parent.id"), nullable=False),
+    Column("amount", BigInteger),
 )
 
 AWKWARD = [
@@ -81,3 +110,27 @@ def test_a_failed_write_in_deferred_writes_fails_the_transaction_and_stores_none
         update_rows(s, sample, ("id",), [{"id": 2, "big": 7}, {"id": 1, "big": 8}])
     with tx() as s:
         assert stored(s) == rows()[:2]
+
+
+# Elsewhere insert_rows_referencing declines (the caller inserts with ids it read back).
+@pytest.mark.parametrize("store", ["postgres"])
+def test_rows_referencing_rows_of_the_same_block_get_their_ids_and_a_missing_one_fails_the_write(
+    engine, tx
+) -> None:  # type: ignore[no-untyped-def]
+    metadata.create_all(engine)
+    parents = [{"owner": owner, "seq": seq} for owner in (1, 2) for seq in (1, 2, 3)]
+    children = [{"ref_owner": 2, "ref_seq": 3, "amount": 10}, {"ref_owner": 1, "ref_seq": 1, "amount": -10}]
+    with tx() as s, deferred_writes(s):
+        insert_rows(s, parent, parents)
+        assert insert_rows_referencing(s, child, children, "parent_id", parent, ("owner", "seq"))
+    with tx() as s:
+        ids = {(r.owner, r.seq): r.id for r in s.execute(select(parent))}
+        got = [(r.parent_id, r.amount) for r in s.execute(select(child).order_by(child.c.id))]
+    assert got == [(ids[(2, 3)], 10), (ids[(1, 1)], -10)]
+    # A child whose parent is not there is refused with the whole write, never left out:
+    # a posting dropped silently would leave its entry unbalanced.
+    orphan = [{"ref_owner": 1, "ref_seq": 2, "amount": 5}, {"ref_owner": 1, "ref_seq": 9, "amount": -5}]
+    with pytest.raises((IntegrityError, psycopg.errors.NotNullViolation)), tx() as s, deferred_writes(s):
+        insert_rows_referencing(s, child, orphan, "parent_id", parent, ("owner", "seq"))
+    with tx() as s:
+        assert len(s.execute(select(child)).all()) == 2
