@@ -50,7 +50,7 @@ from ledger.limits import check_limits
 from ledger.models import UNKNOWN_SUBMIT, Hold, HoldAllocation, table_of
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.prices import format_gpus, parse_gpus, rate_for
-from ledger.timeutil import format_time, parse_seconds, utcnow
+from ledger.timeutil import aware_utc, format_time, parse_seconds, utcnow
 
 holds_t = table_of(Hold)
 allocations_t = table_of(HoldAllocation)
@@ -270,19 +270,8 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
         result.close()
     make = ActiveRun._make
     if rows and isinstance(rows[0][6], datetime) and rows[0][6].tzinfo is None:  # PostgreSQL
-        return [
-            make(
-                (
-                    *r[:6],
-                    r[6].replace(tzinfo=UTC),
-                    r[7].replace(tzinfo=UTC),
-                    *r[8:13],
-                    r[13].replace(tzinfo=UTC),
-                    *r[14:],
-                )
-            )
-            for r in rows
-        ]
+        utc = aware_utc
+        return [make((*r[:6], utc(r[6]), utc(r[7]), *r[8:13], utc(r[13]), *r[14:])) for r in rows]
     times: dict[Any, datetime] = {}
 
     def aware(value: Any) -> Any:

@@ -32,6 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ledger.timeutil import aware_utc
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Stored as naive UTC on every backend; handed back as aware UTC."""
@@ -42,6 +44,8 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
         if value is None:
             return None
+        if value.tzinfo is UTC:  # the usual case, without astimezone and replace's keyword parsing
+            return datetime.combine(value, value.time())
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the ledger; use aware UTC")
         return value.astimezone(UTC).replace(tzinfo=None)
@@ -49,7 +53,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return aware_utc(value) if value.tzinfo is None else value.astimezone(UTC)
 
 
 Ucredits = Annotated[int, mapped_column(BigInteger)]

