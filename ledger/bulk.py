@@ -201,9 +201,9 @@ def insert_rows_referencing(
     casts, params = _arrays(s, table, names, rows, refs)
     own = [n for n in names if n not in refs]
     # Each row's id by a look-up of its own (the `keys` are unique: an index probe), not a
-    # join: the planner joined by hashing the whole target table, a scan of the journal per
-    # batch until the table grew past ~10^5 rows. A row whose target is missing gets a NULL
-    # id, which the NOT NULL column refuses, where a join would have dropped the row.
+    # join, which the planner ran by hashing a sequential scan of the whole target table (the
+    # journal, every batch) while it believed the table small. A row whose target is missing
+    # gets a NULL id, which the NOT NULL column refuses, where a join would have dropped it.
     found = " AND ".join(f"t.{quote(k)} = v.{quote(f'ref_{k}')}" for k in keys)
     sql = (
         f"INSERT INTO {quote(table.name)} ({quote(column)}, {', '.join(quote(n) for n in own)}) "
