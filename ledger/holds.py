@@ -270,8 +270,10 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
         result.close()
     make = ActiveRun._make
     if rows and isinstance(rows[0][6], datetime) and rows[0][6].tzinfo is None:  # PostgreSQL
-        utc = aware_utc
-        return [make((*r[:6], utc(r[6]), utc(r[7]), *r[8:13], utc(r[13]), *r[14:])) for r in rows]
+        return [
+            make((*r[:6], aware_utc(r[6]), aware_utc(r[7]), *r[8:13], aware_utc(r[13]), *r[14:]))
+            for r in rows
+        ]
     times: dict[Any, datetime] = {}
 
     def aware(value: Any) -> Any:

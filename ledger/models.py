@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ledger.timeutil import aware_utc
+from ledger.timeutil import aware_utc, naive_utc
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -42,13 +42,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is UTC:  # the usual case, without astimezone and replace's keyword parsing
-            return datetime.combine(value, value.time())
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the ledger; use aware UTC")
-        return value.astimezone(UTC).replace(tzinfo=None)
+        return None if value is None else naive_utc(value)
 
     def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
         if value is None:
