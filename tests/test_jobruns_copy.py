@@ -1,9 +1,8 @@
 """ledger.jobruns: rows written by COPY (the bridge's bulk path) keep their exact times.
 
-COPY bypasses the column type, so UTC times go as they are (PostgreSQL reads a
-`timestamp without time zone` ignoring the "+00:00") and times in other zones are
-converted first. Either way a row reads back as the same instants, whatever the
-session's TimeZone.
+COPY bypasses the column type (UTCDateTime), so the bulk path converts every time to
+naive UTC itself, in whatever zone it was given. A row reads back as the same
+instants, whatever the session's TimeZone.
 """
 
 from __future__ import annotations
