@@ -34,6 +34,7 @@ Errors: `InvalidRequest(code, message)` with code `invalid_gres`,
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -176,9 +177,14 @@ def parse_gres(value: str | None) -> dict[str | None, int]:
     if not isinstance(value, str):
         raise InvalidRequest("invalid_gres", f"GRES must be a string, got {value!r}")
     try:
-        return gres_gpus(value)
+        return dict(_gres_gpus(value))
     except SlurmTextError as error:
         raise InvalidRequest("invalid_gres", str(error)) from None
+
+
+# Every quote parses its GRES strings, and a site's few shapes repeat ("gres:gpu:h100:1"):
+# the daemon reads each once. Bounded, as users write these strings; a copy goes out.
+_gres_gpus = functools.lru_cache(maxsize=1024)(gres_gpus)
 
 
 def parse_array_inx(value: str | None) -> tuple[int, int | None]:

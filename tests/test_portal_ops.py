@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from gpucredit.cli import _build
-from gpucredit.daemon.metrics import DaemonMetrics
+from gpucredit.daemon.metrics import DEFAULT_PORT, DaemonMetrics
 from gpucredit.daemon.server import Daemon
 from ledger import api, cli_support, jobruns
 from ledger.config import load_config
@@ -344,7 +344,8 @@ def free_port() -> int:
     return closed_port()
 
 
-def daemon_on(db_url: str, port: int) -> Daemon:
+def daemon_on(db_url: str, port: int = DEFAULT_PORT) -> Daemon:
+    """A daemon on `db_url`, its metrics on `port` (counted; served only by serve())."""
     config = load_config(Path("/dev/null"))
     config["database"]["url"] = db_url
     config["daemon"]["metrics_port"] = port
@@ -377,7 +378,7 @@ def daemon_requests(daemon: Daemon) -> None:
 
 
 def test_the_daemon_counts_refusals_by_code_and_times_each_answer(portal_db: str, site: Site) -> None:
-    daemon = daemon_on(portal_db, 0)
+    daemon = daemon_on(portal_db)
     daemon_requests(daemon)
     assert daemon.metrics is not None
     found = samples(generate_latest(daemon.metrics.registry).decode())
@@ -421,6 +422,14 @@ def test_the_daemon_serves_its_metrics_on_loopback_while_it_runs(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
+def test_metrics_port_0_turns_the_daemons_metrics_off(portal_db: str, site: Site) -> None:
+    """Off: nothing served and nothing counted on the path every quote takes."""
+    daemon = daemon_on(portal_db, 0)
+    daemon_requests(daemon)  # answered as before
+    assert daemon.metrics is None
+    daemon.engine.dispose()
+
+
 # --- the Grafana dashboard -------------------------------------------------------------------
 
 
@@ -452,7 +461,7 @@ def test_every_metric_the_dashboard_queries_is_exposed(
         jobruns.write_cursor(s, "meter", site.now, at=site.now)
     client.get("/healthz")
     exposed = {name for name, _labels in scrape(client)}
-    daemon = daemon_on(portal_db, 0)
+    daemon = daemon_on(portal_db)
     daemon_requests(daemon)
     assert daemon.metrics is not None
     exposed |= {name for name, _labels in samples(generate_latest(daemon.metrics.registry).decode())}

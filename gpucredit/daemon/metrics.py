@@ -88,9 +88,12 @@ def metrics_port(config: dict[str, Any]) -> int:
 
 
 def for_daemon(config: dict[str, Any], operations: Iterable[str]) -> DaemonMetrics | None:
-    """The daemon's metrics, or None when prometheus-client is not installed."""
+    """The daemon's metrics, or None when they are off (`metrics_port = 0`) or
+    prometheus-client is not installed. Off means not counted either: the count and the
+    histogram are a good part of a quote's own work, and no one would read them."""
+    if not metrics_port(config):
+        return None
     if importlib.util.find_spec("prometheus_client") is None:
-        if metrics_port(config):
-            log.warning("daemon metrics off: prometheus-client is not installed (gpucredit[portal])")
+        log.warning("daemon metrics off: prometheus-client is not installed (gpucredit[portal])")
         return None
     return DaemonMetrics(operations)
