@@ -54,6 +54,7 @@ round trips).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -732,9 +733,12 @@ def _reconcile_all(
         batches[-1][key] = jobs[key]
         size += len(jobs[key])
     move = functools.partial(_move_money, session_factory, policy=policy, now=now)
-    with _Background(concurrent, move) as background:
+    # Every stored row of each batch's jobs, read in turn (`force`: none are read).
+    reads = jobrun_records.stored_records_in_turn(session_factory, () if force else map(dict.keys, batches))
+    with contextlib.closing(reads) as stored, _Background(concurrent, move) as background:
         for batch in batches:
-            _reconcile_batch(session_factory, batch, force, policy, now, summary, background)
+            records = None if force else next(stored)
+            _reconcile_batch(session_factory, batch, records, policy, now, summary, background)
         for outcome in background.outcomes():
             summary.add(outcome)
     return summary
@@ -811,7 +815,7 @@ class _Background:
 def _reconcile_batch(
     session_factory: SessionFactory,
     jobs: Mapping[tuple[str, int], list[SacctRun]],
-    force: bool,
+    records: _Records | None,
     policy: Policy,
     now: datetime,
     summary: Summary,
@@ -819,31 +823,25 @@ def _reconcile_batch(
 ) -> None:
     """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`.
 
-    One compact range read tells the unchanged runs apart (most, on a re-read window);
-    `force` re-plans every run.
+    `records`, every stored row of the batch's jobs, tells the unchanged runs apart (most,
+    on a re-read window); None (`force`) re-plans every run.
     """
     changed: dict[tuple[str, int], list[SacctRun]] = {}
-    records: _Records | None = None  # every stored row of the batch's jobs; None: not read
-    if force:
+    if not records:  # forced, or a first read of this window: nothing stored, nothing unchanged
         changed.update(jobs)
     else:
-        with session_factory() as s, s.begin():
-            records = jobrun_records.stored_records(s, jobs.keys())
-        if not records:  # a first read of this window: nothing stored, nothing unchanged
-            changed.update(jobs)
-        else:
-            unchanged = 0
-            for key, job_runs in jobs.items():
-                for run in job_runs:
-                    if _unchanged(run, records):
-                        unchanged += 1
-                    else:
-                        changed.setdefault(key, []).append(run)
-            summary.counts["unchanged"] += unchanged
+        unchanged = 0
+        for key, job_runs in jobs.items():
+            for run in job_runs:
+                if _unchanged(run, records):
+                    unchanged += 1
+                else:
+                    changed.setdefault(key, []).append(run)
+        summary.counts["unchanged"] += unchanged
     if not changed:  # the usual re-read of a window: done with one read
         return
     # Only jobs with a changed run need their holds, and only those with a stored row
-    # (the range read above saw every row of the batch's jobs) their stored rows.
+    # (`records` holds every row of the batch's jobs) their stored rows.
     if records is None:
         with_rows: Collection[tuple[str, int]] = changed.keys()
     else:
