@@ -48,7 +48,8 @@ def stored_records_in_turn(
         return
     with session_factory() as s, s.begin():
         connection = s.connection().connection.driver_connection
-        assert connection is not None
+        if connection is None:
+            raise RuntimeError("no PostgreSQL driver connection for the pipelined read")
         where = (
             job_runs_t.c.cluster == bindparam("cluster"),
             job_runs_t.c.job_id.between(bindparam("low"), bindparam("high")),
