@@ -97,7 +97,6 @@ _KEY_COLUMNS = ("cluster", "job_id", "run", "submitted_at")
 _UPDATE_COLUMNS = tuple(c for c in JobRunRow._fields if c not in _KEY_COLUMNS)
 # An error row leaves the last successful result (hold, charge) in place.
 _UPDATE_COLUMNS_KEEP_CHARGE = tuple(c for c in _UPDATE_COLUMNS if c not in ("hold_id", "charged_ucredits"))
-_TIME_FIELDS = frozenset({"submitted_at", "start_at", "end_at", "ingested_at"})
 
 
 class StoredRun(NamedTuple):
@@ -398,13 +397,13 @@ def _naive_utc(value: datetime | None) -> datetime | None:
     return None if value is None else naive_utc(value)
 
 
-_TIME_POSITIONS = tuple(i for i, name in enumerate(JobRunRow._fields) if name in _TIME_FIELDS)
-# _stored_times spells these positions out: a comprehension over every field costs twice as much.
-assert _TIME_POSITIONS == (3, 9, 10, 17), _TIME_POSITIONS
-
-
 def _stored_times(row: JobRunRow) -> tuple[Any, ...]:
-    """The row with its times as stored (naive UTC): binary COPY bypasses UTCDateTime."""
+    """The row with its times as stored (naive UTC): binary COPY bypasses UTCDateTime.
+
+    Positions 3, 9, 10 and 17 are submitted_at, start_at, end_at and ingested_at, spelt
+    out: a comprehension over every field costs twice as much. A row whose layout moved
+    fails here (a string has no tzinfo) or in binary COPY's types, not silently.
+    """
     return (
         *row[:3], naive_utc(row[3]), *row[4:9], _naive_utc(row[9]), _naive_utc(row[10]),
         *row[11:17], naive_utc(row[17]),

@@ -160,6 +160,19 @@ def test_non_string_gres_is_invalid() -> None:
     assert info.value.code == "invalid_gres"
 
 
+def test_a_gres_string_read_again_gives_its_counts_again() -> None:
+    """The daemon reads each GRES string once; what one quote does with its counts
+    never reaches the next quote of the same string."""
+    first = parse_gres("gres:gpu:h100:2")
+    first["h100"] = 99
+    first[None] = 1
+    assert parse_gres("gres:gpu:h100:2") == {"h100": 2}
+    with pytest.raises(InvalidRequest):  # a refusal is not remembered as an answer either
+        parse_gres("gres:gpu:h100:x")
+    with pytest.raises(InvalidRequest):
+        parse_gres("gres:gpu:h100:x")
+
+
 # --- time limits ---------------------------------------------------------------------
 
 
