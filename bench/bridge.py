@@ -56,6 +56,7 @@ from ledger.schema import upgrade
 GOAL_INGEST_PER_SECOND = 50_000
 MUST_INGEST_PER_SECOND = 25_000
 GOAL_REINGEST_PER_SECOND = 200_000
+REREADS = 3
 PRICES_UCREDITS_PER_HOUR = {"a100": 2_000_000, "h100": 3_600_000}
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
@@ -300,12 +301,17 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
-        started = time.perf_counter()
-        again = reconcile_runs(factory, parsed.runs)
-        again_seconds = time.perf_counter() - started
+        # Three re-reads, the median counted (each printed): on this shared machine the same
+        # re-read of 100,000 runs took 0.46 s and, a second later, 0.69 s.
+        rereads = []
+        for _ in range(REREADS):
+            started, cpu_started = time.perf_counter(), time.process_time()
+            again = reconcile_runs(factory, parsed.runs)
+            rereads.append((time.perf_counter() - started, time.process_time() - cpu_started))
+            assert again.counts["unchanged"] == args.runs, dict(again.counts)
+        again_seconds, again_cpu_seconds = sorted(rereads)[len(rereads) // 2]
         assert first.counts["failed"] == 0, first.failures[:3]
         assert (first.counts["adjusted"], first.counts["unreserved"]) == (len(short), len(none))
-        assert again.counts["unchanged"] == args.runs, dict(again.counts)
 
         # 100 runs that move money, most in an account of their own: a transaction, a lock, entries each.
         extra = [replace(run, job_id=run.job_id + 10_000_000) for run in parsed.runs[:100]]
@@ -329,6 +335,11 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
         print(rate_line("ingest+reconcile", n, first_seconds, GOAL_INGEST_PER_SECOND))
         print(f"    this process used {first_cpu_seconds:.2f} s of CPU (the rest: waiting on the database)")
         print(rate_line("re-ingest (unchanged)", n, again_seconds, GOAL_REINGEST_PER_SECOND))
+        print(
+            f"    the median of {REREADS} re-reads ("
+            + ", ".join(f"{n / seconds:,.0f}/s" for seconds, _ in rereads)
+            + f"); this process used {again_cpu_seconds:.2f} s of CPU in it"
+        )
         print(rate_line("parse + ingest+reconcile", n, parse_seconds + first_seconds))
         print(rate_line("parse + re-ingest", n, parse_seconds + again_seconds))
         money = len(short) + len(none)
