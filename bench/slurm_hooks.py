@@ -51,7 +51,7 @@ SBATCH = [
     "--wrap",
     "true",
 ]
-PLAIN, CHECKED = "bench-plain", "bench-checked"  # the two arms' comments, of one length
+PLAIN, CHECKED = "bench-plain", "bench-check"  # the two arms' comments, of one length
 
 # The installed gpucredit script, moved aside while the wrapper below stands in for it.
 CHECKED_SCRIPT = Path(ETC_DIR) / "job_submit.gpucredit-bench.lua"
@@ -162,14 +162,13 @@ def main() -> None:
     try:
         install_wrapper(box)
         plain, with_gpucredit, checks = sbatch_turns(args.submissions, ids)
-        box.use_hooks("gpucredit")  # gpucredit's script again, without the wrapper
         running = box.submit(["-A", "physics", "--gres=gpu:a100:1", "-t", "10", "--wrap", "sleep 600"])
         ids.append(str(running))
         box.wait_state(running, "RUNNING", timeout=60)
         shim = str(Path(box.hook_dir) / "prolog_slurmctld.sh")
         prolog = prolog_times(shim, str(running), args.prolog_runs)
     finally:
-        box.use_hooks("gpucredit")
+        box.use_hooks("gpucredit")  # gpucredit's script again, without the wrapper
         CHECKED_SCRIPT.unlink(missing_ok=True)
         if ids:
             run(["/usr/bin/scancel", *ids], check=False)
