@@ -36,12 +36,13 @@ Money moves only through :mod:`ledger.api`; ``job_runs`` is a projection written
 Everything is idempotent: re-running a round finds every charge equal to its target
 and posts nothing.
 
-Throughput comes from batching (:func:`reconcile_runs`): one compact read per batch
-(:mod:`ledger.jobrun_records`) finds the runs whose Slurm record (state, elapsed,
-GPUs) equals the one stored for the same attempt: they are unchanged and cost
-nothing more. A second read loads the other runs' stored rows and holds; those that
-move no money are written in one statement (COPY on PostgreSQL) without any lock.
-Runs that move money are queued over batches and applied in one transaction per
+Throughput comes from batching (:func:`reconcile_runs`): one compact read per chunk
+of the window (:mod:`ledger.jobrun_records`, one text per stored attempt) finds the
+runs whose Slurm record (state, elapsed, GPUs) equals the one stored for the same
+attempt: they are unchanged and cost one string and one set lookup each. The other
+runs are grouped by job, in batches; a read per batch loads their stored rows and
+holds; those that move no money are written in one statement (COPY on PostgreSQL)
+without any lock. Runs that move money are queued over batches and applied in one transaction per
 flush, its accounts locked first in one statement in id order (as the daemon's group
 commit locks its batches, DESIGN §3): every account's adjustments in one
 ``adjust_holds_many`` call, the unreserved runs in one ``record_unreserved_runs``
@@ -450,23 +451,58 @@ def _gpu_counts(text: str) -> Mapping[str, int]:
     return MappingProxyType(jobruns.parse_pairs(text))
 
 
-_Records = Mapping[jobrun_records.StoredKey, jobrun_records.StoredRecord]
+def _record_text(run: SacctRun) -> str:
+    """The run's Slurm record as the stored records read renders an attempt's.
 
-
-def _unchanged(run: SacctRun, records: _Records) -> bool:
-    """Reconciled before from the same Slurm record (and not left failed).
-
-    Only a row stored under the attempt's own submit time counts: a row written before
-    attempts had one is adopted, so written again.
+    A row written before attempts had a submit time renders with that of 1970, so a run
+    with a submit time never matches it: it is adopted, so written again.
     """
-    found = records.get((run.cluster, run.job_id, run.run, (run.submit or UNKNOWN_SUBMIT).timestamp()))
-    return (
-        found is not None
-        and found[0] == run.state
-        and found[1] == run.elapsed_seconds
-        and _gpu_counts(found[2]) == run.gpus
-        and "error" not in found[3]  # no other flag contains "error"
+    submitted = int((run.submit or UNKNOWN_SUBMIT).timestamp())
+    return jobrun_records.record_text(
+        run.job_id, run.run, submitted, run.state, run.elapsed_seconds, _gpus_text(run.gpus)
     )
+
+
+def _job_ids_by_cluster(runs: Sequence[SacctRun]) -> dict[str, list[int]]:
+    clusters = {run.cluster for run in runs}
+    if len(clusters) == 1:  # the usual window: a list, no keys
+        return {clusters.pop(): [run.job_id for run in runs]}
+    found: dict[str, list[int]] = {}
+    for run in runs:
+        found.setdefault(run.cluster, []).append(run.job_id)
+    return found
+
+
+def _changed_runs(
+    session_factory: SessionFactory, runs: Sequence[SacctRun], chunk_runs: int, summary: Summary
+) -> tuple[list[SacctRun], bool]:
+    """The runs whose Slurm record differs from the one stored for their attempt (or that
+    have none, or were left failed), and whether any of the runs' jobs has a stored row.
+
+    Counts the others as unchanged: reconciled before from the same record, they cost
+    one string and one set lookup each.
+    """
+    chunks = [runs[first : first + chunk_runs] for first in range(0, len(runs), chunk_runs)]
+    keys = map(_job_ids_by_cluster, chunks)
+    changed: list[SacctRun] = []
+    any_stored = False
+    unchanged = 0
+    with contextlib.closing(jobrun_records.stored_records_in_turn(session_factory, keys)) as reads:
+        for chunk, stored in zip(chunks, reads, strict=True):
+            if not stored:  # a first read of these jobs: nothing stored, nothing unchanged
+                changed.extend(chunk)
+                continue
+            any_stored = True
+            cluster, texts = "", set()
+            for run in chunk:
+                if run.cluster != cluster:
+                    cluster, texts = run.cluster, stored.get(run.cluster, set())
+                if _record_text(run) in texts:
+                    unchanged += 1
+                else:
+                    changed.append(run)
+    summary.counts["unchanged"] += unchanged
+    return changed, any_stored
 
 
 def _made_unreserved(stored: StoredRun | None, hold: HoldView | None) -> bool:
@@ -706,7 +742,7 @@ def _reconcile_all(
     batch_runs: int,
 ) -> Summary:
     summary = Summary()
-    jobs: dict[tuple[str, int], list[SacctRun]] = {}
+    eligible: list[SacctRun] = []
     seen = 0
     for run in runs:
         seen += 1
@@ -715,13 +751,20 @@ def _reconcile_all(
         elif run.job_id in suspect_job_ids:
             summary.add(_outcome(run, "suspect", detail="the job has a malformed sacct row"))
         else:
-            key = (run.cluster, run.job_id)
-            same_job = jobs.get(key)
-            if same_job is None:
-                jobs[key] = [run]
-            else:
-                same_job.append(run)
+            eligible.append(run)
     summary.counts["seen"] += seen
+    if force:  # every run re-planned, every stored row read
+        changed, any_stored = eligible, True
+    else:
+        changed, any_stored = _changed_runs(session_factory, eligible, batch_runs, summary)
+    jobs: dict[tuple[str, int], list[SacctRun]] = {}
+    for run in changed:
+        key = (run.cluster, run.job_id)
+        same_job = jobs.get(key)
+        if same_job is None:
+            jobs[key] = [run]
+        else:
+            same_job.append(run)
     with session_factory() as s:
         concurrent = s.get_bind().dialect.name == "postgresql"  # SQLite has one writer at a time
     batches: list[dict[tuple[str, int], list[SacctRun]]] = []
@@ -733,12 +776,9 @@ def _reconcile_all(
         batches[-1][key] = jobs[key]
         size += len(jobs[key])
     move = functools.partial(_move_money, session_factory, policy=policy, now=now)
-    # Every stored row of each batch's jobs, read in turn (`force`: none are read).
-    reads = jobrun_records.stored_records_in_turn(session_factory, () if force else map(dict.keys, batches))
-    with contextlib.closing(reads) as stored, _Background(concurrent, move) as background:
+    with _Background(concurrent, move) as background:
         for batch in batches:
-            records = None if force else next(stored)
-            _reconcile_batch(session_factory, batch, records, policy, now, summary, background)
+            _reconcile_batch(session_factory, batch, any_stored, policy, now, summary, background)
         for outcome in background.outcomes():
             summary.add(outcome)
     return summary
@@ -815,41 +855,19 @@ class _Background:
 def _reconcile_batch(
     session_factory: SessionFactory,
     jobs: Mapping[tuple[str, int], list[SacctRun]],
-    records: _Records | None,
+    stored: bool,
     policy: Policy,
     now: datetime,
     summary: Summary,
     background: _Background,
 ) -> None:
-    """Plan a batch's runs; hand its bulk write and its money-moving runs to `background`.
-
-    `records`, every stored row of the batch's jobs, tells the unchanged runs apart (most,
-    on a re-read window); None (`force`) re-plans every run.
-    """
-    changed: dict[tuple[str, int], list[SacctRun]] = {}
-    if not records:  # forced, or a first read of this window: nothing stored, nothing unchanged
-        changed.update(jobs)
-    else:
-        unchanged = 0
-        for key, job_runs in jobs.items():
-            for run in job_runs:
-                if _unchanged(run, records):
-                    unchanged += 1
-                else:
-                    changed.setdefault(key, []).append(run)
-        summary.counts["unchanged"] += unchanged
-    if not changed:  # the usual re-read of a window: done with one read
-        return
-    # Only jobs with a changed run need their holds, and only those with a stored row
-    # (`records` holds every row of the batch's jobs) their stored rows.
-    if records is None:
-        with_rows: Collection[tuple[str, int]] = changed.keys()
-    else:
-        stored_jobs = {(cluster, job_id) for cluster, job_id, _, _ in records}
-        with_rows = {key for key in changed if key in stored_jobs}
+    """Plan a batch of changed runs; hand its bulk write and its money-moving runs to
+    `background`. `stored`: the jobs may have stored rows (False on a first read of a
+    window, which then reads none)."""
+    with_rows: Collection[tuple[str, int]] = jobs.keys() if stored else ()
     with session_factory() as s, s.begin():
         job_rows = _StoredRuns(jobruns.load_job_runs(s, with_rows) if with_rows else {})
-        holds_by_job = jobruns.load_hold_views(s, changed.keys())
+        holds_by_job = jobruns.load_hold_views(s, jobs.keys())
         prices = api.load_price_table(s)
     inserts: list[JobRunRow] = []
     updates: list[JobRunRow] = []
@@ -857,7 +875,7 @@ def _reconcile_batch(
     per_run: list[SacctRun] = []
     money: list[_MoneyRun] = []
     counted: Counter[str] = Counter()
-    for key, job_runs in changed.items():
+    for key, job_runs in jobs.items():
         holds = holds_by_job.get(key, [])
         legacy = bool(_legacy(holds))
         for run in job_runs:

@@ -147,14 +147,25 @@ def _id_ranges(jobs: Collection[JobKey]) -> Iterator[tuple[list[str], int, int]]
     Slurm numbers jobs in sequence, so a window's jobs are mostly dense ranges.
     """
     clusters = sorted({cluster for cluster, _ in jobs})
+    for low, high in _job_id_ranges([job_id for _, job_id in jobs]):
+        yield clusters, low, high
+
+
+def _job_id_ranges(job_ids: Collection[int]) -> list[tuple[int, int]]:
+    """_id_ranges of some job ids: one range when they span few enough ids (the usual
+    window), without sorting them."""
+    if not job_ids:
+        return []
+    low, high = min(job_ids), max(job_ids)
+    if high - low < _RANGE_SPAN_IDS:
+        return [(low, high)]
     ranges: list[list[int]] = []
-    for job_id in sorted({job_id for _, job_id in jobs}):
+    for job_id in sorted(set(job_ids)):
         if ranges and job_id - ranges[-1][0] < _RANGE_SPAN_IDS:
             ranges[-1][1] = job_id
         else:
             ranges.append([job_id, job_id])
-    for low, high in ranges:
-        yield clusters, low, high
+    return [(low, high) for low, high in ranges]
 
 
 def _plain_rows(s: Session, query: Any) -> list[tuple[Any, ...]]:

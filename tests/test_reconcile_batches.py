@@ -191,6 +191,32 @@ def test_a_reread_window_with_one_edited_record_corrects_exactly_that_run(
     assert reconcile(factory, edited).counts["unchanged"] == 8
 
 
+def test_a_reread_record_with_other_gpus_or_another_state_is_not_unchanged(
+    factory: sessionmaker[Session],
+) -> None:
+    runs = [run_of(job_id) for job_id in range(1, 5)]
+    for run in runs:
+        settled(factory, run, 3600)
+    assert reconcile(factory, runs).counts["matched"] == 4
+    before = entries(factory)
+    # Job 2 got a second a100 (same elapsed, same state), job 3 another state: both re-planned
+    edited = [
+        replace(run, gpus={"a100": 2})
+        if run.job_id == 2
+        else replace(run, state="FAILED")
+        if run.job_id == 3
+        else run
+        for run in runs
+    ]
+    summary = reconcile(factory, edited)
+    assert summary.counts["unchanged"] == 2
+    assert [o.job_id for o in summary.notable] == [2]
+    assert summary.notable[0].change_ucredits == api.charge_for(HOUR_A100, 3600)
+    assert entries(factory) == before + 1
+    assert charged(factory, 2)[0] == api.charge_for(2 * HOUR_A100, 3600)
+    assert reconcile(factory, edited).counts["unchanged"] == 4
+
+
 def test_a_new_incarnation_of_a_reused_id_is_not_taken_for_the_old_runs_record(
     factory: sessionmaker[Session],
 ) -> None:
