@@ -11,6 +11,7 @@ The authoritative hold is PrologSlurmctld's.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from fractions import Fraction
 
 from job_submit.pricing import PartitionTypes, job_text, typed_gpus
@@ -30,6 +31,8 @@ def submit(
     snapshot: Snapshot,
     fields: Mapping[str, object],
     *,
+    parsed: JobRequest | InvalidRequest | None = None,
+    now: datetime | None = None,
     top_up_hint: str,
     partition_types: PartitionTypes,
     routing: RoutingConfig = NO_ROUTING,
@@ -44,11 +47,17 @@ def submit(
     the daemon has not read them from Slurm yet (untyped GPUs are then estimated at
     the dearest priced type, and the message says so). An accepted job's message ends
     with a warning once its account has used `warn_at_used_share` of its credit.
+    `parsed` is `parse_submit(fields)` (or what it raised), when the caller has it;
+    `now`, when the submission was read.
     """
-    try:
-        request = parse_submit(fields)
-    except InvalidRequest as error:
-        return _reject(f"{error}")
+    if parsed is None:
+        try:
+            parsed = parse_submit(fields)
+        except InvalidRequest as error:
+            parsed = error
+    if isinstance(parsed, InvalidRequest):
+        return _reject(f"{parsed}")
+    request = parsed
     if not request.gpus:
         return {"decision": "accept", "message": ""}
     if request.account is None:
@@ -60,7 +69,7 @@ def submit(
             request.account, request.directives.get("max_cost"), _yes_no(request.directives.get("cloud"))
         )
         if limit is None:
-            decision = _estimate(snapshot, request, top_up_hint, partition_types)
+            decision = _estimate(snapshot, request, top_up_hint, partition_types, now or utcnow())
         else:
             decision = answer_routed(
                 snapshot,
@@ -70,7 +79,7 @@ def submit(
                 routing,
                 top_up_hint=top_up_hint,
                 partition_types=partition_types,
-                now=utcnow(),
+                now=now or utcnow(),
             )
         if decision["decision"] == "accept" and warn_at_used_share is not None:
             decision["message"] += _credit_warning(snapshot, request.account, warn_at_used_share, top_up_hint)
@@ -91,9 +100,9 @@ def _estimate(
     request: JobRequest,
     top_up_hint: str,
     partition_types: PartitionTypes,
+    now: datetime,
 ) -> dict[str, str]:
     assert request.account is not None and request.time_limit_seconds is not None
-    now = utcnow()
     gpus, note = typed_gpus(snapshot, request, now, partition_types)
     seconds = request.time_limit_seconds
     estimate = snapshot.estimate(

@@ -128,7 +128,11 @@ class RoutingConfig:
     def limit_for(self, account: str, max_cost: str | None, cloud: bool | None) -> CostLimit | None:
         """The job's own `max_cost` (credits) and `cloud`, each else the account's default;
         None when the job neither has a limit nor may go to the cloud (no routing)."""
-        default = self.account_defaults.get(account, CostLimit(max_cost_from=FROM_ACCOUNT))
+        default = self.account_defaults.get(account)
+        if default is None:
+            if max_cost is None and not cloud:  # every quote of a site without routing
+                return None
+            default = CostLimit(max_cost_from=FROM_ACCOUNT)
         limit = CostLimit(
             default.max_cost_ucredits if max_cost is None else parse_credits(max_cost, field="max_cost"),
             default.allow_cloud if cloud is None else cloud,

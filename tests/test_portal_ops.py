@@ -361,7 +361,8 @@ def daemon_requests(daemon: Daemon) -> None:
     refused = daemon.handle({"op": "hold", **hold, "gpus": {"h100": 8}, "seconds": 36_000})
     assert refused["error"]["code"] == "insufficient_credits"
     assert daemon.handle({"op": "format_disk"})["error"]["code"] == "unknown_op"
-    submitted = daemon.handle(
+    # The submission as job_submit.lua sends it: one compact line, "op" first (its own path)
+    line = json.dumps(
         {
             "op": "submit",
             "user_name": "carol",
@@ -372,9 +373,17 @@ def daemon_requests(daemon: Daemon) -> None:
             "num_tasks": NO_VAL,
             "min_nodes": NO_VAL,
             "tres_per_node": "gres:gpu:a100:1",
-        }
-    )
-    assert submitted["result"]["decision"] == "reject"
+        },
+        separators=(",", ":"),
+    ).encode()
+    answers = _Answers()
+    daemon.dispatch(line, answers)  # type: ignore[arg-type]  # a Reply is what has send()
+    assert json.loads(answers[0])["result"]["decision"] == "reject"
+
+
+class _Answers(list[bytes]):
+    def send(self, line: bytes) -> None:
+        self.append(line)
 
 
 def test_the_daemon_counts_refusals_by_code_and_times_each_answer(portal_db: str, site: Site) -> None:
