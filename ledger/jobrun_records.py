@@ -6,6 +6,7 @@ job_id, ...) index). The database renders each attempt with the values a record 
 compared on as one text (`record_text`'s form), and a row flagged `error` (to be
 retried) as "", which no run renders as: the caller renders its run the same way and
 looks it up in a set.
+
 One string per row is the least the driver can build, and one set lookup the least a
 run can cost: eight columns per row, into tuples keyed by attempt, took twice as long.
 
