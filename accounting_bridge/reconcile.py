@@ -493,7 +493,8 @@ def _changed_runs(
                 changed.extend(chunk)
                 continue
             any_stored = True
-            cluster, texts = "", set()
+            cluster: str | None = None
+            texts: set[str] = set()
             for run in chunk:
                 if run.cluster != cluster:
                     cluster, texts = run.cluster, stored.get(run.cluster, set())

@@ -47,14 +47,11 @@ def submit(
     the daemon has not read them from Slurm yet (untyped GPUs are then estimated at
     the dearest priced type, and the message says so). An accepted job's message ends
     with a warning once its account has used `warn_at_used_share` of its credit.
-    `parsed` is `parse_submit(fields)` (or what it raised), when the caller has it;
-    `now`, when the submission was read.
+    `parsed` is `parse(fields)`, when the caller has it; `now`, when the submission
+    was read.
     """
     if parsed is None:
-        try:
-            parsed = parse_submit(fields)
-        except InvalidRequest as error:
-            parsed = error
+        parsed = parse(fields)
     if isinstance(parsed, InvalidRequest):
         return _reject(f"{parsed}")
     request = parsed
@@ -64,12 +61,13 @@ def submit(
         return _reject("no account: submit with -A ACCOUNT")
     if request.time_limit_seconds is None:
         return _reject(NO_TIME_LIMIT)
+    now = now or utcnow()
     try:
         limit = routing.limit_for(
             request.account, request.directives.get("max_cost"), _yes_no(request.directives.get("cloud"))
         )
         if limit is None:
-            decision = _estimate(snapshot, request, top_up_hint, partition_types, now or utcnow())
+            decision = _estimate(snapshot, request, top_up_hint, partition_types, now)
         else:
             decision = answer_routed(
                 snapshot,
@@ -79,7 +77,7 @@ def submit(
                 routing,
                 top_up_hint=top_up_hint,
                 partition_types=partition_types,
-                now=now or utcnow(),
+                now=now,
             )
         if decision["decision"] == "accept" and warn_at_used_share is not None:
             decision["message"] += _credit_warning(snapshot, request.account, warn_at_used_share, top_up_hint)
@@ -93,6 +91,14 @@ def submit(
         )
     except LedgerError as error:
         return _reject(error.message)
+
+
+def parse(fields: Mapping[str, object]) -> JobRequest | InvalidRequest:
+    """`parse_submit(fields)`, or the refusal it raised: what `submit` decides from."""
+    try:
+        return parse_submit(fields)
+    except InvalidRequest as error:
+        return error
 
 
 def _estimate(

@@ -49,7 +49,7 @@ from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, 
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
-from job_submit.request import InvalidRequest, JobRequest, parse_submit
+from job_submit.request import InvalidRequest, JobRequest
 from ledger.api import LockedBatch, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
@@ -468,9 +468,7 @@ def _parsed_submit(line: bytes) -> tuple[Mapping[str, Any], JobRequest | Invalid
     if not isinstance(fields, dict) or fields.get("op") != "submit":
         return None
     try:
-        parsed: JobRequest | InvalidRequest = parse_submit(fields)
-    except InvalidRequest as error:
-        parsed = error
+        parsed = answer.parse(fields)
     except Exception:  # the general path answers it, as it answers any malformed request
         return None
     return MappingProxyType(fields), parsed
