@@ -185,6 +185,14 @@ class PriceTable:
             prices[name] = price
         return prices
 
+    def next_change_after(self, at: datetime) -> datetime | None:
+        """When the next price version takes effect after `at` (None: none is set): until
+        then every price in force at `at` stays in force."""
+        return min(
+            (effective for versions in self._history.values() for effective, _ in versions if effective > at),
+            default=None,
+        )
+
     def rate_for(
         self, gpus: Mapping[str, int], partition: str | None, at: datetime
     ) -> tuple[int, dict[str, int]]:

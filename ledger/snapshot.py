@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -81,6 +81,15 @@ class Snapshot:
             user=user,
             caps=caps,
         )
+
+    def quotes_hold_until(self) -> datetime:
+        """Until when a quote from this picture is the quote it gives at any later moment:
+        the next price version taking effect, or the picture going stale
+        (SnapshotKeeper.stale), whichever is first. Nothing else a quote reads moves with
+        the clock."""
+        stale = self.taken_at + timedelta(seconds=STALE_AFTER_SECONDS)
+        change = self.prices.next_change_after(self.taken_at)
+        return stale if change is None else min(change, stale)
 
 
 def change_marker(s: Any) -> tuple[Any, ...]:
@@ -165,13 +174,22 @@ class SnapshotKeeper:
             self.refresh()
         return True
 
-    def run(self, stop: threading.Event, on_error: Callable[[SQLAlchemyError], None]) -> None:
-        """Refresh until `stop`; a failed refresh keeps the last picture (see `stale`)."""
+    def run(
+        self,
+        stop: threading.Event,
+        on_error: Callable[[SQLAlchemyError], None],
+        after_refresh: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        """Refresh until `stop`; a failed refresh keeps the last picture (see `stale`).
+        `after_refresh` is given each new picture, in this thread, once it is current."""
         while not stop.wait(self.max_age_seconds):
             try:
                 self.refresh()
             except SQLAlchemyError as error:
                 on_error(error)
+                continue
+            if after_refresh is not None:
+                after_refresh(self.current())
 
     def stale(self, now: datetime, max_stale_seconds: float = STALE_AFTER_SECONDS) -> bool:
         """True when the database has not answered for a while: job_submit then follows the
