@@ -46,11 +46,12 @@ from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
+from gpucredit.daemon.quote_memo import QuoteMemo
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
 from job_submit.request import InvalidRequest, JobRequest
-from ledger.api import LockedBatch, RoutingConfig, SnapshotKeeper, lock_batch, parse_share
+from ledger.api import LockedBatch, RoutingConfig, Snapshot, SnapshotKeeper, lock_batch, parse_share
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
@@ -105,6 +106,7 @@ class Daemon:
         self.warn_at_used_share = None if warn_at in (None, False) else parse_share(warn_at)
         self._lock = threading.Lock()
         self.snapshots = SnapshotKeeper(self.sessions)
+        self.quotes = QuoteMemo(self._work_out, lambda: self.slurm_facts.table, _encode)
         # Slurm's own GPU limits and blocks follow the ledger within seconds (docs/limits-sync.md).
         self.limits = (
             LimitsKeeper(self.sessions, self.run, config, clock=limits_clock)
@@ -155,12 +157,32 @@ class Daemon:
                 with self._lock:
                     self.credit_held.add(job_id)
 
-    def _submit(self, request: Mapping[str, Any], parsed: JobRequest | InvalidRequest | None = None) -> Any:
+    def _submit(
+        self,
+        request: Mapping[str, Any],
+        parsed: JobRequest | InvalidRequest | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> Any:
         now = utcnow()
         if self.snapshots.stale(now):
             return _unavailable()
-        decision = answer.submit(
-            self.snapshots.current(),
+        decision = self._decide(snapshot or self.snapshots.current(), request, parsed, now)
+        if decision["decision"] == "reject" and self.snapshots.refresh_if_changed():
+            # Never refuse from a stale picture: a top-up or a new account made a moment
+            # ago must count. Refusals are the rare path; one cheap query tells whether
+            # anything changed at all.
+            decision = self._decide(self.snapshots.current(), request, parsed, now)
+        return decision
+
+    def _decide(
+        self,
+        snapshot: Snapshot,
+        request: Mapping[str, Any],
+        parsed: JobRequest | InvalidRequest | None,
+        now: datetime,
+    ) -> dict[str, str]:
+        return answer.submit(
+            snapshot,
             request,
             parsed=parsed,
             now=now,
@@ -169,21 +191,18 @@ class Daemon:
             routing=self.routing,
             warn_at_used_share=self.warn_at_used_share,
         )
-        if decision["decision"] == "reject" and self.snapshots.refresh_if_changed():
-            # Never refuse from a stale picture: a top-up or a new account made a moment
-            # ago must count. Refusals are the rare path; one cheap query tells whether
-            # anything changed at all.
-            decision = answer.submit(
-                self.snapshots.current(),
-                request,
-                parsed=parsed,
-                now=now,
-                top_up_hint=self.top_up_hint,
-                partition_types=self.partition_types,
-                routing=self.routing,
-                warn_at_used_share=self.warn_at_used_share,
-            )
-        return decision
+
+    def _work_out(self, line: bytes, snapshot: Snapshot) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
+        """A kept line's reply from a new picture, for the quote memo (no refresh, no metrics)."""
+        submit = _parsed_submit(line)
+        if submit is None:
+            return None
+        fields, parsed = submit
+        try:
+            return fields, {"ok": True, "result": self._decide(snapshot, fields, parsed, utcnow())}
+        except Exception:  # the line's next submission takes the general path, and its refusal
+            log.exception("working a kept quote out again failed")
+            return None
 
     def partition_types(self, partition: str | None) -> list[str] | None:
         """GPU types `partition` offers, as last read from Slurm in the background;
@@ -203,9 +222,19 @@ class Daemon:
         written; everything else (quotes above all) is answered here and now."""
         started = time.perf_counter()
         if len(line) <= _MEMO_LINE_BYTES and line.startswith(_SUBMIT_LINE):
+            snapshot = self.snapshots.current()
+            kept = self.quotes.get(line, snapshot)
+            if kept is not None:
+                reply.send(kept.encoded)
+                self._observe(kept.fields, started, kept.reply)
+                return
             submit = _parsed_submit(line)
             if submit is not None:
-                reply.send(_encode(self._quote(*submit, started)))
+                facts = self.slurm_facts.table
+                quote = self._quote(*submit, started, snapshot)
+                encoded = _encode(quote)
+                reply.send(encoded)
+                self.quotes.keep(line, snapshot, facts, submit[0], quote, encoded)
                 return
         try:
             request = json.loads(line)
@@ -235,10 +264,17 @@ class Daemon:
 
         self.batches.submit_async(op, request, answered)
 
-    def _quote(self, request: Mapping[str, Any], parsed: JobRequest | InvalidRequest, started: float) -> Any:
-        """`handle` of a submit line already decoded and parsed."""
+    def _quote(
+        self,
+        request: Mapping[str, Any],
+        parsed: JobRequest | InvalidRequest,
+        started: float,
+        snapshot: Snapshot,
+    ) -> Any:
+        """`handle` of a submit line already decoded and parsed, from `snapshot` (or, to
+        refuse, a fresher one)."""
         try:
-            reply = {"ok": True, "result": self._submit(request, parsed)}
+            reply = {"ok": True, "result": self._submit(request, parsed, snapshot)}
         except Exception as error:
             reply = self._refusal("submit", error)
         self._observe(request, started, reply)
@@ -369,7 +405,11 @@ class Daemon:
             log.warning("reading the ledger for job_submit failed at start: %s", error)
         threading.Thread(
             target=self.snapshots.run,
-            args=(stop, lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error)),
+            args=(
+                stop,
+                lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error),
+                self.quotes.refill,
+            ),
             daemon=True,
         ).start()
 

@@ -53,6 +53,12 @@ class SlurmFacts:
             return None
         return list(table.get(partition or "", table.get(ALL_PARTITIONS, [])))
 
+    @property
+    def table(self) -> Mapping[str, list[str]] | None:
+        """The latest table itself, replaced whole by each refresh: what an answer kept
+        for later (quote_memo) was worked out from."""
+        return self._partition_types
+
     def refresh(self) -> None:
         """Run sinfo once and swap the table in. A failed command (SlurmCommandError) or
         output that does not parse (SlurmTextError) leaves the old table."""

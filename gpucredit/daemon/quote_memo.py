@@ -1,0 +1,145 @@
+"""Replies to the submission lines job_submit.lua sent lately, worked out before they come again.
+
+Inside slurmctld a quote's time is mostly the CPU fetching again what sbatch's own work
+evicted: the whole answer (price, words, JSON) took ~150 µs of a ~0.35 ms check there,
+sending a reply already made ~30 µs (bench.slurm_hooks). A site's submissions repeat a
+few lines (nothing in one names the job: the same user, account, GPUs and time limit
+give the same line), so the daemon keeps its reply to each line it lately accepted, and
+works every kept line out again against each new picture of the ledger as the snapshot
+thread takes it (every second), not when the line next comes.
+
+Exact, not a guess: a kept reply is sent only while the picture and Slurm's partition
+table are the very ones it was worked out from, and before the next price version takes
+effect or the picture goes stale (Snapshot.quotes_hold_until). A refusal is never kept:
+refusing first re-reads the ledger (Daemon._submit). The memo holds at most `max_lines`
+lines and forgets one unused for `forget_after_seconds`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ledger.api import Snapshot
+
+__all__ = ["Kept", "QuoteMemo"]
+
+# A line worked out against a snapshot: its decoded fields and its reply, or None when the
+# line is no quote (it gets the general path).
+WorkOut = Callable[[bytes, Snapshot], "tuple[Mapping[str, Any], dict[str, Any]] | None"]
+
+
+class Kept:
+    """One line's reply, and what it was worked out from."""
+
+    __slots__ = ("encoded", "facts", "fields", "reply", "snapshot", "until", "used")
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        facts: object,
+        until: float,
+        fields: Mapping[str, Any],
+        reply: dict[str, Any],
+        encoded: bytes,
+        used: float,
+    ) -> None:
+        self.snapshot = snapshot
+        self.facts = facts
+        self.until = until  # time.time() from which the reply may be wrong
+        self.fields = fields
+        self.reply = reply
+        self.encoded = encoded
+        self.used = used
+
+
+class QuoteMemo:
+    def __init__(
+        self,
+        work_out: WorkOut,
+        facts: Callable[[], object],
+        encode: Callable[[dict[str, Any]], bytes],
+        *,
+        max_lines: int = 256,
+        forget_after_seconds: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._work_out = work_out
+        self._facts = facts  # Slurm's partition table: replaced whole when re-read
+        self._encode = encode
+        self.max_lines = max_lines
+        self.forget_after_seconds = forget_after_seconds
+        self._clock = clock
+        self._kept: dict[bytes, Kept] = {}
+        self._lock = threading.Lock()  # writers only: `get` reads one dict entry
+        self._until: tuple[Snapshot, float] | None = None
+
+    def get(self, line: bytes, snapshot: Snapshot) -> Kept | None:
+        """The kept reply to `line` if it is still exactly the answer from `snapshot` now."""
+        kept = self._kept.get(line)
+        if kept is None or kept.snapshot is not snapshot or kept.facts is not self._facts():
+            return None
+        now = self._clock()
+        if now >= kept.until:
+            return None
+        kept.used = now
+        return kept
+
+    def keep(
+        self,
+        line: bytes,
+        snapshot: Snapshot,
+        facts: object,
+        fields: Mapping[str, Any],
+        reply: dict[str, Any],
+        encoded: bytes,
+    ) -> None:
+        """Keep `reply` to `line`, worked out from `snapshot` and the partition table `facts`
+        (read before it was worked out), if it accepts the job."""
+        if not _accepts(reply):
+            return
+        kept = Kept(snapshot, facts, self._hold_until(snapshot), fields, reply, encoded, self._clock())
+        with self._lock:
+            self._kept[line] = kept
+            if len(self._kept) > self.max_lines:
+                del self._kept[min(self._kept, key=lambda known: self._kept[known].used)]
+
+    def refill(self, snapshot: Snapshot) -> None:
+        """Work each line used lately out again against `snapshot`, the new picture; a line
+        now refused, or no longer used, is dropped."""
+        now = self._clock()
+        with self._lock:
+            kept_lines = self._kept.items()
+            lines = [line for line, kept in kept_lines if now - kept.used <= self.forget_after_seconds]
+        until = self._hold_until(snapshot)
+        fresh: dict[bytes, Kept] = {}
+        for line in lines:
+            facts = self._facts()
+            worked = self._work_out(line, snapshot)
+            if worked is not None and _accepts(worked[1]):
+                fields, reply = worked
+                previous = self._kept.get(line)
+                used = previous.used if previous is not None else now
+                fresh[line] = Kept(snapshot, facts, until, fields, reply, self._encode(reply), used)
+        with self._lock:
+            # Lines kept meanwhile stay only if worked out from this picture as well.
+            for line, kept in self._kept.items():
+                if line not in fresh and kept.snapshot is snapshot:
+                    fresh[line] = kept
+            self._kept = fresh
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _hold_until(self, snapshot: Snapshot) -> float:
+        known = self._until
+        if known is None or known[0] is not snapshot:
+            known = self._until = (snapshot, snapshot.quotes_hold_until().timestamp())
+        return known[1]
+
+
+def _accepts(reply: Mapping[str, Any]) -> bool:
+    result = reply.get("result")
+    return reply.get("ok") is True and isinstance(result, Mapping) and result.get("decision") == "accept"
