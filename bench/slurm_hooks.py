@@ -4,7 +4,7 @@ and the PrologSlurmctld hook's latency, measured on the Slurm box in one run.
 Needs root and the box with gpucredit on it (`make slurm-up`). Submissions are held
 (`--hold`) so nothing runs, and are cancelled at the end.
 
-    .venv/bin/python -m bench.slurm_hooks [--submissions 120] [--prolog-runs 100]
+    .venv/bin/python -m bench.slurm_hooks [--submissions 120] [--new-lines 40] [--prolog-runs 100]
 
 The two arms take turns submission by submission (ABBA), under one script: a bench
 wrapper installed as job_submit.lua hands a job marked `--comment=bench-plain` straight
@@ -13,6 +13,8 @@ timing that check with the script's own clock. Taking turns in blocks under two
 scripts (a reload between blocks) measured this machine's drift from block to block as
 much as the script: two runs of `make bench` on the same code read x0.94 and x1.19. The
 check's own time, inside slurmctld, is the direct measure of what the ratio estimates.
+The arms repeat one line, as a user's submissions of one kind do, so the daemon answers
+them from its quote memo; the check for lines it has not seen yet is timed too.
 
 Ends with the performance table's rows (bench.goals): the PrologSlurmctld hook's p50
 and p99 (goal 35 / 60 ms, must 50 / 100 ms) and sbatch's median with gpucredit's
@@ -119,6 +121,23 @@ def sbatch_turns(pairs: int, ids: list[str]) -> tuple[list[float], list[float], 
     return plain, checked, checks
 
 
+def first_seen_checks(count: int, ids: list[str]) -> list[float]:
+    """The check's own times for lines the daemon has not seen (a new comment each, of the
+    arms' length): its quote memo and its parse memo both miss, as for a site's first
+    submission of a kind."""
+    log = LOG_DIR / "slurmctld.log"
+    start = log.stat().st_size
+    for number in range(count):
+        _, job_id, _ = sbatch(f"bench-{number:05d}")
+        ids.append(job_id)
+    with log.open() as lines:
+        lines.seek(start)
+        logged = re.findall(r"gpucredit-bench: checked took ([0-9.]+) ms", lines.read())
+    if len(logged) != count:
+        raise SystemExit(f"found {len(logged)} timed checks in {log} for {count} new lines")
+    return [float(ms) / 1000 for ms in logged]
+
+
 def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
     """The hook as PrologSlurmctld runs it: its shim (the settings it carries, then
     `gpucredit hook`), a fresh process, Slurm's environment and no PATH, against a running
@@ -147,6 +166,7 @@ def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--submissions", type=int, default=120, help="per arm, taking turns")
+    parser.add_argument("--new-lines", type=int, default=40, help="submissions of lines not seen before")
     parser.add_argument("--prolog-runs", type=int, default=100)
     args = parser.parse_args()
     box = SlurmBox()
@@ -162,6 +182,7 @@ def main() -> None:
     try:
         install_wrapper(box)
         plain, with_gpucredit, checks = sbatch_turns(args.submissions, ids)
+        first_seen = first_seen_checks(args.new_lines, ids)
         running = box.submit(["-A", "physics", "--gres=gpu:a100:1", "-t", "10", "--wrap", "sleep 600"])
         ids.append(str(running))
         box.wait_state(running, "RUNNING", timeout=60)
@@ -181,6 +202,12 @@ def main() -> None:
     print(
         f"job_submit.lua's check inside slurmctld, median of {len(checks)}: {check_ms:.2f} ms "
         f"(x{1 + check_ms / plain_ms:.3f} of sbatch without it)"
+    )
+    first_ms = statistics.median(first_seen) * 1000
+    print(
+        f"the check for a line the daemon has not seen yet, median of {len(first_seen)}: {first_ms:.2f} ms "
+        f"(x{1 + first_ms / plain_ms:.3f} of sbatch without it; a line seen before is answered from the "
+        "daemon's quote memo)"
     )
     print(f"prolog-slurmctld hook over {args.prolog_runs} runs (a new hold each)")
     py = [0.0] * 20
