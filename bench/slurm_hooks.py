@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import statistics
 import subprocess
 import time
@@ -127,8 +128,9 @@ def first_seen_checks(count: int, ids: list[str]) -> list[float]:
     submission of a kind."""
     log = LOG_DIR / "slurmctld.log"
     start = log.stat().st_size
+    run_mark = f"{secrets.randbelow(256):02x}"  # so a second run's lines are new too
     for number in range(count):
-        _, job_id, _ = sbatch(f"bench-{number:05d}")
+        _, job_id, _ = sbatch(f"bench-{run_mark}{number:03d}")
         ids.append(job_id)
     with log.open() as lines:
         lines.seek(start)
@@ -169,6 +171,8 @@ def main() -> None:
     parser.add_argument("--new-lines", type=int, default=40, help="submissions of lines not seen before")
     parser.add_argument("--prolog-runs", type=int, default=100)
     args = parser.parse_args()
+    if not 1 <= args.new_lines <= 999:
+        parser.error("--new-lines is 1 to 999 (each line's comment is as long as the arms')")
     box = SlurmBox()
     if not box.is_up():
         raise SystemExit("the Slurm box is not up: make slurm-up")

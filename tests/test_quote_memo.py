@@ -4,6 +4,7 @@ line out again, every time (gpucredit.daemon.quote_memo)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,8 +18,9 @@ from gpucredit.daemon.server import Daemon
 from gpucredit.daemon.slurm_facts import SINFO_ARGV
 from ledger import api
 from ledger.config import load_config
+from ledger.db import make_engine, make_sessionmaker
 from ledger.prices import PriceTable
-from ledger.snapshot import STALE_AFTER_SECONDS, Snapshot
+from ledger.snapshot import STALE_AFTER_SECONDS, Snapshot, SnapshotKeeper
 
 NO_VAL = 4294967294
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -73,14 +75,29 @@ def seeded(tx, db_url: str) -> Iterator[tuple[Daemon, FakeRunner]]:
 H100 = line(tres_per_node="gres:gpu:h100:2")
 
 
+def counted(daemon: Daemon) -> list[int]:
+    """Count the quotes the daemon works out (a kept reply is sent without one)."""
+    worked: list[int] = []
+    decide = daemon._decide
+
+    def counting(*args: Any) -> dict[str, str]:
+        worked.append(1)
+        return decide(*args)
+
+    daemon._decide = counting  # type: ignore[method-assign,assignment]
+    return worked
+
+
 def test_a_kept_reply_follows_each_new_picture_of_the_ledger(seeded, tx) -> None:
     daemon, _ = seeded
+    worked = counted(daemon)
     first = "gpucredit: ~14.40 credits (2×h100 × 2 h), 20.00 available in physics"
     assert ask(daemon, H100)["message"] == first
     assert daemon.quotes.get(H100, daemon.snapshots.current()) is not None
     with tx() as s:
         api.topup(s, "physics", "100")
     assert ask(daemon, H100)["message"] == first  # the same picture, the same answer
+    assert len(worked) == 1  # sent as kept
     daemon.snapshots.refresh()  # a new picture, not yet worked out again: the line is
     assert ask(daemon, H100)["message"] == (
         "gpucredit: ~14.40 credits (2×h100 × 2 h), 120.00 available in physics"
@@ -92,9 +109,11 @@ def test_a_kept_reply_follows_each_new_picture_of_the_ledger(seeded, tx) -> None
     kept = daemon.quotes.get(H100, daemon.snapshots.current())
     assert kept is not None
     assert json.loads(kept.encoded)["result"]["message"].endswith("125.00 available in physics")
+    worked.clear()
     assert ask(daemon, H100)["message"] == (
         "gpucredit: ~14.40 credits (2×h100 × 2 h), 125.00 available in physics"
     )
+    assert worked == []
 
 
 def test_a_refusal_is_never_kept_so_credit_given_a_moment_ago_counts(seeded, tx) -> None:
@@ -108,6 +127,11 @@ def test_a_refusal_is_never_kept_so_credit_given_a_moment_ago_counts(seeded, tx)
         "decision": "accept",
         "message": "gpucredit: ~72.00 credits (2×h100 × 10 h), 120.00 available in physics",
     }
+    # Worked out from the picture the refusal re-read, not the one the line came in under:
+    # not kept under either, so the next one is worked out again.
+    assert len(daemon.quotes) == 0
+    assert ask(daemon, big)["decision"] == "accept"
+    assert daemon.quotes.get(big, daemon.snapshots.current()) is not None
     with tx() as s:  # spent meanwhile: a refill drops the line it would now refuse
         api.consume(s, "physics", "100")
     daemon.snapshots.refresh()
@@ -122,6 +146,8 @@ def test_a_kept_reply_ends_when_slurm_s_partitions_are_read_again(seeded) -> Non
     assert ask(daemon, untyped)["message"].startswith(
         "gpucredit: ~7.20 credits (2×h100 × 1 h); untyped GPUs estimated as h100"
     )
+    daemon.slurm_facts.refresh()  # read again, the same: the kept reply stays
+    assert daemon.quotes.get(untyped, daemon.snapshots.current()) is not None
     runner.add(list(SINFO_ARGV), "onprem|gpu:a100:2\n")
     daemon.slurm_facts.refresh()
     assert ask(daemon, untyped)["message"].startswith(
@@ -171,6 +197,8 @@ def test_a_kept_reply_ends_when_a_price_takes_effect_or_the_picture_goes_stale()
     assert quotes.get(b"a", priced) is not None
     clock.now = new_price.timestamp()
     assert quotes.get(b"a", priced) is None
+    clock.now = (T0 - timedelta(seconds=1)).timestamp()  # the clock stepped back
+    assert quotes.get(b"a", priced) is None
 
     unpriced = picture(5)
     assert unpriced.quotes_hold_until() == T0 + timedelta(seconds=STALE_AFTER_SECONDS)
@@ -200,3 +228,43 @@ def test_the_memo_is_bounded_and_forgets_lines_no_longer_sent() -> None:
     assert quotes.get(b"a", later) is None
     kept = quotes.get(b"c", later)
     assert kept is not None and kept.reply["result"]["message"] == "7"
+
+
+def test_a_reply_from_an_older_picture_never_replaces_a_refilled_one() -> None:
+    clock = Clock(T0)
+    quotes = memo(clock)
+    older, newer = picture(5), picture(7, taken_at=T0 + timedelta(seconds=1))
+    keep(quotes, b"a", older)
+    clock.now += 1
+    quotes.refill(newer)
+    keep(quotes, b"a", older)  # worked out from `older` while the refill ran
+    kept = quotes.get(b"a", newer)
+    assert kept is not None and kept.reply["result"]["message"] == "7"
+
+
+def test_the_snapshot_thread_hands_each_new_picture_over(db_url: str) -> None:
+    engine = make_engine(db_url)
+    keeper = SnapshotKeeper(make_sessionmaker(engine), max_age_seconds=0.01)
+    stop, seen = threading.Event(), []
+
+    def after_refresh(snapshot: Snapshot) -> None:
+        seen.append(snapshot)
+        if len(seen) == 2:
+            stop.set()
+
+    try:
+        keeper.run(stop, on_error=lambda error: pytest.fail(str(error)), after_refresh=after_refresh)
+    finally:
+        engine.dispose()
+    assert seen[0] is not seen[1] and seen[1] is keeper.current()
+
+
+def test_a_failed_refill_does_not_stop_the_snapshot_thread(seeded, caplog) -> None:
+    daemon, _ = seeded
+
+    def failing(snapshot: Snapshot) -> None:
+        raise RuntimeError("a bug")
+
+    daemon.quotes.refill = failing
+    daemon._refill_quotes(daemon.snapshots.current())
+    assert "working the kept quotes out again failed" in caplog.text

@@ -34,13 +34,13 @@ WorkOut = Callable[[bytes, Snapshot], "tuple[Mapping[str, Any], dict[str, Any]] 
 class Kept:
     """One line's reply, and what it was worked out from."""
 
-    __slots__ = ("encoded", "facts", "fields", "reply", "snapshot", "until", "used")
+    __slots__ = ("encoded", "facts", "fields", "reply", "since", "snapshot", "until", "used")
 
     def __init__(
         self,
         snapshot: Snapshot,
         facts: object,
-        until: float,
+        window: tuple[float, float],
         fields: Mapping[str, Any],
         reply: dict[str, Any],
         encoded: bytes,
@@ -48,7 +48,8 @@ class Kept:
     ) -> None:
         self.snapshot = snapshot
         self.facts = facts
-        self.until = until  # time.time() from which the reply may be wrong
+        # time.time() from which, and until which, the reply is the one worked out then.
+        self.since, self.until = window
         self.fields = fields
         self.reply = reply
         self.encoded = encoded
@@ -56,6 +57,10 @@ class Kept:
 
 
 class QuoteMemo:
+    """The kept replies, by line. `get` is called from the socket loop's thread, `keep`
+    there too, `refill` from the snapshot thread; what `get` returns is read, never
+    changed."""
+
     def __init__(
         self,
         work_out: WorkOut,
@@ -70,11 +75,13 @@ class QuoteMemo:
         self._facts = facts  # Slurm's partition table: replaced whole when re-read
         self._encode = encode
         self.max_lines = max_lines
-        self.forget_after_seconds = forget_after_seconds
+        self.forget_after = forget_after_seconds
         self._clock = clock
         self._kept: dict[bytes, Kept] = {}
-        self._lock = threading.Lock()  # writers only: `get` reads one dict entry
-        self._until: tuple[Snapshot, float] | None = None
+        # Taken to change the table; `get` reads one entry without it (and stamps `used`,
+        # where a lost stamp only makes a line look idle a moment longer).
+        self._lock = threading.Lock()
+        self._window: tuple[Snapshot, tuple[float, float]] | None = None
 
     def get(self, line: bytes, snapshot: Snapshot) -> Kept | None:
         """The kept reply to `line` if it is still exactly the answer from `snapshot` now."""
@@ -82,7 +89,7 @@ class QuoteMemo:
         if kept is None or kept.snapshot is not snapshot or kept.facts is not self._facts():
             return None
         now = self._clock()
-        if now >= kept.until:
+        if not kept.since <= now < kept.until:  # a clock stepped back is no later moment
             return None
         kept.used = now
         return kept
@@ -100,20 +107,21 @@ class QuoteMemo:
         (read before it was worked out), if it accepts the job."""
         if not _accepts(reply):
             return
-        kept = Kept(snapshot, facts, self._hold_until(snapshot), fields, reply, encoded, self._clock())
+        kept = Kept(snapshot, facts, self._hold_window(snapshot), fields, reply, encoded, self._clock())
         with self._lock:
+            known = self._kept.get(line)
+            if known is not None and known.snapshot.taken_at > snapshot.taken_at:
+                return  # a refill got there first, from a newer picture
             self._kept[line] = kept
-            if len(self._kept) > self.max_lines:
-                del self._kept[min(self._kept, key=lambda known: self._kept[known].used)]
+            self._trim()
 
     def refill(self, snapshot: Snapshot) -> None:
         """Work each line used lately out again against `snapshot`, the new picture; a line
         now refused, or no longer used, is dropped."""
         now = self._clock()
         with self._lock:
-            kept_lines = self._kept.items()
-            lines = [line for line, kept in kept_lines if now - kept.used <= self.forget_after_seconds]
-        until = self._hold_until(snapshot)
+            lines = [line for line, kept in self._kept.items() if now - kept.used <= self.forget_after]
+        window = self._hold_window(snapshot)
         fresh: dict[bytes, Kept] = {}
         for line in lines:
             facts = self._facts()
@@ -122,21 +130,31 @@ class QuoteMemo:
                 fields, reply = worked
                 previous = self._kept.get(line)
                 used = previous.used if previous is not None else now
-                fresh[line] = Kept(snapshot, facts, until, fields, reply, self._encode(reply), used)
+                fresh[line] = Kept(snapshot, facts, window, fields, reply, self._encode(reply), used)
+            # Let the socket loop's thread have the interpreter between lines: a quote
+            # arriving now waits for one line's work, not for the whole refill.
+            time.sleep(0)
         with self._lock:
             # Lines kept meanwhile stay only if worked out from this picture as well.
             for line, kept in self._kept.items():
                 if line not in fresh and kept.snapshot is snapshot:
                     fresh[line] = kept
             self._kept = fresh
+            self._trim()
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def _hold_until(self, snapshot: Snapshot) -> float:
-        known = self._until
+    def _trim(self) -> None:
+        """Drop the lines used longest ago beyond `max_lines` (under the lock)."""
+        while len(self._kept) > self.max_lines:
+            del self._kept[min(self._kept, key=lambda known: self._kept[known].used)]
+
+    def _hold_window(self, snapshot: Snapshot) -> tuple[float, float]:
+        known = self._window
         if known is None or known[0] is not snapshot:
-            known = self._until = (snapshot, snapshot.quotes_hold_until().timestamp())
+            window = (snapshot.taken_at.timestamp(), snapshot.quotes_hold_until().timestamp())
+            known = self._window = (snapshot, window)
         return known[1]
 
 

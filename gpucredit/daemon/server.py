@@ -192,6 +192,12 @@ class Daemon:
             warn_at_used_share=self.warn_at_used_share,
         )
 
+    def _refill_quotes(self, snapshot: Snapshot) -> None:
+        try:
+            self.quotes.refill(snapshot)
+        except Exception:  # the snapshot thread must go on: without it every quote goes stale
+            log.exception("working the kept quotes out again failed")
+
     def _work_out(self, line: bytes, snapshot: Snapshot) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
         """A kept line's reply from a new picture, for the quote memo (no refresh, no metrics)."""
         submit = _parsed_submit(line)
@@ -234,7 +240,8 @@ class Daemon:
                 quote = self._quote(*submit, started, snapshot)
                 encoded = _encode(quote)
                 reply.send(encoded)
-                self.quotes.keep(line, snapshot, facts, submit[0], quote, encoded)
+                if self.snapshots.current() is snapshot:  # else refused first, and refreshed
+                    self.quotes.keep(line, snapshot, facts, submit[0], quote, encoded)
                 return
         try:
             request = json.loads(line)
@@ -408,7 +415,7 @@ class Daemon:
             args=(
                 stop,
                 lambda error: log.warning("refreshing the job_submit snapshot failed: %s", error),
-                self.quotes.refill,
+                self._refill_quotes,
             ),
             daemon=True,
         ).start()

@@ -64,7 +64,8 @@ class SlurmFacts:
         output that does not parse (SlurmTextError) leaves the old table."""
         table: dict[str, list[str]] = parse_sinfo_gpu_types(self._run(list(SINFO_ARGV)))
         table[ALL_PARTITIONS] = sorted({t for types in table.values() for t in types})
-        self._partition_types = table
+        if table != self._partition_types:  # the same table stays the same object
+            self._partition_types = table
         self.learned.set()
 
     def run(self, stop: threading.Event, on_error: Callable[[Any], None] | None = None) -> None:
