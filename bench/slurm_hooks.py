@@ -4,7 +4,7 @@ and the PrologSlurmctld hook's latency, measured on the Slurm box in one run.
 Needs root and the box with gpucredit on it (`make slurm-up`). Submissions are held
 (`--hold`) so nothing runs, and are cancelled at the end.
 
-    .venv/bin/python -m bench.slurm_hooks [--submissions 120] [--new-lines 40] [--prolog-runs 100]
+    .venv/bin/python -m bench.slurm_hooks [--submissions 200] [--new-lines 40] [--prolog-runs 100]
 
 The two arms take turns submission by submission (ABBA), under one script: a bench
 wrapper installed as job_submit.lua hands a job marked `--comment=bench-plain` straight
@@ -167,7 +167,7 @@ def prolog_times(shim: str, job_id: str, runs: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--submissions", type=int, default=120, help="per arm, taking turns")
+    parser.add_argument("--submissions", type=int, default=200, help="per arm, taking turns")
     parser.add_argument("--new-lines", type=int, default=40, help="submissions of lines not seen before")
     parser.add_argument("--prolog-runs", type=int, default=100)
     args = parser.parse_args()
