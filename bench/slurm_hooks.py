@@ -54,6 +54,7 @@ SBATCH = [
     "--wrap",
     "true",
 ]
+LOG = LOG_DIR / "slurmctld.log"
 PLAIN, CHECKED = "bench-plain", "bench-check"  # the two arms' comments, of one length
 
 # The installed gpucredit script, moved aside while the wrapper below stands in for it.
@@ -104,8 +105,7 @@ def sbatch_turns(pairs: int, ids: list[str]) -> tuple[list[float], list[float], 
         ids.append(job_id)
     if "gpucredit:" not in stderr:
         raise SystemExit(f"gpucredit's check did not answer behind the bench wrapper: {stderr!r}")
-    log = LOG_DIR / "slurmctld.log"
-    start = log.stat().st_size
+    start = LOG.stat().st_size
     plain: list[float] = []
     checked: list[float] = []
     for turn in range(2 * pairs):
@@ -113,30 +113,28 @@ def sbatch_turns(pairs: int, ids: list[str]) -> tuple[list[float], list[float], 
         seconds, job_id, _ = sbatch(comment)
         into.append(seconds)
         ids.append(job_id)
-    with log.open() as lines:
-        lines.seek(start)
-        logged = re.findall(r"gpucredit-bench: checked took ([0-9.]+) ms", lines.read())
-    checks = [float(ms) / 1000 for ms in logged]
-    if len(checks) != pairs:
-        raise SystemExit(f"found {len(checks)} timed checks in {log} for {pairs} checked submissions")
-    return plain, checked, checks
+    return plain, checked, logged_checks(start, pairs, "checked submissions")
 
 
 def first_seen_checks(count: int, ids: list[str]) -> list[float]:
     """The check's own times for lines the daemon has not seen (a new comment each, of the
     arms' length): its quote memo and its parse memo both miss, as for a site's first
     submission of a kind."""
-    log = LOG_DIR / "slurmctld.log"
-    start = log.stat().st_size
+    start = LOG.stat().st_size
     run_mark = f"{secrets.randbelow(256):02x}"  # so a second run's lines are new too
     for number in range(count):
         _, job_id, _ = sbatch(f"bench-{run_mark}{number:03d}")
         ids.append(job_id)
-    with log.open() as lines:
+    return logged_checks(start, count, "new lines")
+
+
+def logged_checks(start: int, expected: int, what: str) -> list[float]:
+    """The check times the wrapper logged past offset `start` of slurmctld's log, in seconds."""
+    with LOG.open() as lines:
         lines.seek(start)
         logged = re.findall(r"gpucredit-bench: checked took ([0-9.]+) ms", lines.read())
-    if len(logged) != count:
-        raise SystemExit(f"found {len(logged)} timed checks in {log} for {count} new lines")
+    if len(logged) != expected:
+        raise SystemExit(f"found {len(logged)} timed checks in {LOG} for {expected} {what}")
     return [float(ms) / 1000 for ms in logged]
 
 

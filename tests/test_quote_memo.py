@@ -143,15 +143,17 @@ def test_a_refusal_is_never_kept_so_credit_given_a_moment_ago_counts(seeded, tx)
 def test_a_kept_reply_ends_when_slurm_s_partitions_are_read_again(seeded) -> None:
     daemon, runner = seeded
     untyped = line(tres_per_job="gres:gpu:2", time_limit=60)
-    assert ask(daemon, untyped)["message"].startswith(
-        "gpucredit: ~7.20 credits (2×h100 × 1 h); untyped GPUs estimated as h100"
+    assert ask(daemon, untyped)["message"] == (
+        "gpucredit: ~7.20 credits (2×h100 × 1 h); untyped GPUs estimated as h100, the dearest "
+        "type here, 20.00 available in physics"
     )
     daemon.slurm_facts.refresh()  # read again, the same: the kept reply stays
     assert daemon.quotes.get(untyped, daemon.snapshots.current()) is not None
     runner.add(list(SINFO_ARGV), "onprem|gpu:a100:2\n")
     daemon.slurm_facts.refresh()
-    assert ask(daemon, untyped)["message"].startswith(
-        "gpucredit: ~4.00 credits (2×a100 × 1 h); untyped GPUs estimated as a100"
+    assert ask(daemon, untyped)["message"] == (
+        "gpucredit: ~4.00 credits (2×a100 × 1 h); untyped GPUs estimated as a100, the dearest "
+        "type here, 20.00 available in physics"
     )
 
 
@@ -162,10 +164,10 @@ def picture(available: int, taken_at: datetime = T0, prices: tuple[Any, ...] = (
     return Snapshot(taken_at=taken_at, prices=PriceTable(prices), available_ucredits={"physics": available})
 
 
-def accepting(request: bytes, snapshot: Snapshot) -> tuple[dict[str, Any], dict[str, Any]]:
+def accepting(request: bytes, snapshot: Snapshot) -> dict[str, Any]:
     available = snapshot.available_ucredits["physics"]
     decision = "accept" if available > 0 else "reject"
-    return {"op": "submit"}, {"ok": True, "result": {"decision": decision, "message": f"{available}"}}
+    return {"ok": True, "result": {"decision": decision, "message": f"{available}"}}
 
 
 class Clock:
@@ -181,8 +183,8 @@ def memo(clock: Clock, **kwargs: Any) -> QuoteMemo:
 
 
 def keep(quotes: QuoteMemo, request: bytes, snapshot: Snapshot) -> None:
-    fields, reply = accepting(request, snapshot)
-    quotes.keep(request, snapshot, None, fields, reply, json.dumps(reply).encode())
+    reply = accepting(request, snapshot)
+    quotes.keep(request, snapshot, None, reply, json.dumps(reply).encode())
 
 
 def test_a_kept_reply_ends_when_a_price_takes_effect_or_the_picture_goes_stale() -> None:

@@ -26,22 +26,21 @@ from ledger.api import Snapshot
 
 __all__ = ["Kept", "QuoteMemo"]
 
-# A line worked out against a snapshot: its decoded fields and its reply, or None when the
-# line is no quote (it gets the general path).
-WorkOut = Callable[[bytes, Snapshot], "tuple[Mapping[str, Any], dict[str, Any]] | None"]
+# A line's reply worked out against a snapshot, or None when the line is no quote (it gets
+# the general path).
+WorkOut = Callable[[bytes, Snapshot], "dict[str, Any] | None"]
 
 
 class Kept:
     """One line's reply, and what it was worked out from."""
 
-    __slots__ = ("encoded", "facts", "fields", "reply", "since", "snapshot", "until", "used")
+    __slots__ = ("encoded", "facts", "reply", "since", "snapshot", "until", "used")
 
     def __init__(
         self,
         snapshot: Snapshot,
         facts: object,
         window: tuple[float, float],
-        fields: Mapping[str, Any],
         reply: dict[str, Any],
         encoded: bytes,
         used: float,
@@ -50,7 +49,6 @@ class Kept:
         self.facts = facts
         # time.time() from which, and until which, the reply is the one worked out then.
         self.since, self.until = window
-        self.fields = fields
         self.reply = reply
         self.encoded = encoded
         self.used = used
@@ -99,7 +97,6 @@ class QuoteMemo:
         line: bytes,
         snapshot: Snapshot,
         facts: object,
-        fields: Mapping[str, Any],
         reply: dict[str, Any],
         encoded: bytes,
     ) -> None:
@@ -107,7 +104,7 @@ class QuoteMemo:
         (read before it was worked out), if it accepts the job."""
         if not _accepts(reply):
             return
-        kept = Kept(snapshot, facts, self._hold_window(snapshot), fields, reply, encoded, self._clock())
+        kept = Kept(snapshot, facts, self._hold_window(snapshot), reply, encoded, self._clock())
         with self._lock:
             known = self._kept.get(line)
             if known is not None and known.snapshot.taken_at > snapshot.taken_at:
@@ -125,12 +122,11 @@ class QuoteMemo:
         fresh: dict[bytes, Kept] = {}
         for line in lines:
             facts = self._facts()
-            worked = self._work_out(line, snapshot)
-            if worked is not None and _accepts(worked[1]):
-                fields, reply = worked
+            reply = self._work_out(line, snapshot)
+            if reply is not None and _accepts(reply):
                 previous = self._kept.get(line)
                 used = previous.used if previous is not None else now
-                fresh[line] = Kept(snapshot, facts, window, fields, reply, self._encode(reply), used)
+                fresh[line] = Kept(snapshot, facts, window, reply, self._encode(reply), used)
             # Let the socket loop's thread have the interpreter between lines: a quote
             # arriving now waits for one line's work, not for the whole refill.
             time.sleep(0)

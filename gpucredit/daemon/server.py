@@ -198,14 +198,14 @@ class Daemon:
         except Exception:  # the snapshot thread must go on: without it every quote goes stale
             log.exception("working the kept quotes out again failed")
 
-    def _work_out(self, line: bytes, snapshot: Snapshot) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
+    def _work_out(self, line: bytes, snapshot: Snapshot) -> dict[str, Any] | None:
         """A kept line's reply from a new picture, for the quote memo (no refresh, no metrics)."""
         submit = _parsed_submit(line)
         if submit is None:
             return None
         fields, parsed = submit
         try:
-            return fields, {"ok": True, "result": self._decide(snapshot, fields, parsed, utcnow())}
+            return {"ok": True, "result": self._decide(snapshot, fields, parsed, utcnow())}
         except Exception:  # the line's next submission takes the general path, and its refusal
             log.exception("working a kept quote out again failed")
             return None
@@ -232,7 +232,7 @@ class Daemon:
             kept = self.quotes.get(line, snapshot)
             if kept is not None:
                 reply.send(kept.encoded)
-                self._observe(kept.fields, started, kept.reply)
+                self._observe(_SUBMIT, started, kept.reply)
                 return
             submit = _parsed_submit(line)
             if submit is not None:
@@ -241,7 +241,7 @@ class Daemon:
                 encoded = _encode(quote)
                 reply.send(encoded)
                 if self.snapshots.current() is snapshot:  # else refused first, and refreshed
-                    self.quotes.keep(line, snapshot, facts, submit[0], quote, encoded)
+                    self.quotes.keep(line, snapshot, facts, quote, encoded)
                 return
         try:
             request = json.loads(line)
@@ -497,6 +497,7 @@ def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
 # length (a job's line is ~600 bytes; the memo then holds at most a few MB).
 _SUBMIT_LINE = b'{"op":"submit",'
 _MEMO_LINE_BYTES = 2048
+_SUBMIT = MappingProxyType({"op": "submit"})  # what the metrics read of a request: its op
 
 
 @functools.lru_cache(maxsize=1024)

@@ -55,8 +55,8 @@ class SlurmFacts:
 
     @property
     def table(self) -> Mapping[str, list[str]] | None:
-        """The latest table itself, replaced whole by each refresh: what an answer kept
-        for later (quote_memo) was worked out from."""
+        """The latest table itself, replaced whole when a refresh finds it changed: what an
+        answer kept for later (quote_memo) was worked out from."""
         return self._partition_types
 
     def refresh(self) -> None:
