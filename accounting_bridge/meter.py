@@ -2,7 +2,7 @@
 
 A running job's cost so far is computed on read (`ledger.accrual`: the charge for its
 cumulative seconds at its hold's rate, rounded once), so the meter does not post a
-journal entry per job per tick. One tick (DESIGN §3 step 3):
+journal entry per job per tick. One tick (docs/design.md §3.3):
 
 1. ``squeue --Format`` (:class:`CompactSqueue`; ``sacct.parse_squeue_compact``) lists
    the running jobs; one query lists the active holds (:func:`ledger.api.list_active_runs`).

@@ -44,7 +44,7 @@ runs are grouped by job, in batches; a read per batch loads their stored rows an
 holds; those that move no money are written in one statement (COPY on PostgreSQL)
 without any lock. Runs that move money are queued over batches and applied in one
 transaction per flush, its accounts locked first in one statement in id order (as the
-daemon's group commit locks its batches, DESIGN §3): every account's adjustments in one
+daemon's group commit locks its batches, docs/design.md §3.9): every account's adjustments in one
 ``adjust_holds_many`` call, the unreserved runs in one ``record_unreserved_runs``
 call, the job_runs rows in one statement. If the ledger refuses one run, the flush is
 redone one transaction per account, and that account's one run per transaction, so

@@ -5,7 +5,7 @@ reads and six writes per run. `adjust_holds` does what calling `adjust_hold` on 
 hold in turn would do -- the same entries, postings, grant remainders, allocations,
 debt and refund grants, in the same order -- but locks the account once and reads and
 writes the holds, their allocations and grants, and the journal in a handful of
-batched statements. One transaction still touches one customer account (DESIGN §4).
+batched statements. One transaction still touches one customer account (docs/design.md §4.11).
 
 The money rules are holds.py's own (`_draw`, `_refund`): burn order, debt, what a
 refund gives back first. Only the batching is here.

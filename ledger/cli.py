@@ -1,4 +1,4 @@
-"""The ledger's commands in the `gpucredit` CLI (DESIGN §5)."""
+"""The ledger's commands in the `gpucredit` CLI (docs/design.md §5.1)."""
 
 from __future__ import annotations
 

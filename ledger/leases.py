@@ -1,4 +1,4 @@
-"""Lease mode (DESIGN §4): a hold covers rate × window, and the meter renews it.
+"""Lease mode (docs/design.md §4.5): a hold covers rate × window, and the meter renews it.
 
 A lease hold is taken for ``charge_for(rate, min(window, time limit))`` and records its
 window (`holds.lease_seconds`; NULL is a full hold). Each meter tick charges the time

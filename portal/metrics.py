@@ -2,7 +2,7 @@
 portal's own requests.
 
 Money stays integer micro-credits until here; a metric is a float by nature, so
-credits become floats only as they are exposed (`_credits`). Names follow DESIGN §5:
+credits become floats only as they are exposed (`_credits`). Names follow docs/design.md §5.6:
 `gpucredit_*` in base units (credits, seconds), counters ending in `_total`.
 
 Per scrape: two aggregate reads for every account's available/held/active holds, the

@@ -113,7 +113,7 @@ class JobInfo:
     GPU indices and their types (`{"node1": {0: "a100", 2: "h100"}}`).
 
     A plain class rather than a dataclass: `dataclasses` imports `inspect`,
-    which costs several milliseconds in every hook process (DESIGN §3).
+    which costs several milliseconds in every hook process (docs/design.md §3.8).
     """
 
     __slots__ = (

@@ -1,4 +1,4 @@
-"""A hold resolves exactly once (DESIGN §4): after it is settled, released or expired, a
+"""A hold resolves exactly once (docs/design.md §4.4): after it is settled, released or expired, a
 different settle, a release of a settled hold, or a further usage charge is refused with
 `hold_resolved` and posts nothing; the identical settle (and release) is a replay.
 

@@ -160,7 +160,7 @@ def test_hook_modules_import_nothing_heavy() -> None:
 
 
 # Stdlib modules that cost milliseconds each to import (or, for _strptime, to first
-# use) and that PrologSlurmctld does without; DESIGN §3 wants hooks to start fast.
+# use) and that PrologSlurmctld does without; docs/design.md §3.8 wants hooks to start fast.
 SLOW_STDLIB = ("tomllib", "dataclasses", "inspect", "typing", "subprocess", "socket", "tempfile", "pathlib",
                "_strptime")  # fmt: skip
 

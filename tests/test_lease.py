@@ -1,4 +1,4 @@
-"""Lease mode (holds.mode = "lease", DESIGN §4): holds of a window, renewed by the meter.
+"""Lease mode (holds.mode = "lease", docs/design.md §4.5): holds of a window, renewed by the meter.
 
 Figures: 1×a100 at 2.00 credits/h is 2,000,000 µc/h (555.5… µc/s), window 900 s, meter
 interval 30 s. A window costs charge_for(2_000_000, 900) = 500,000 µc.

@@ -6,7 +6,7 @@ rounding of a hold's cumulative GPU-seconds, its own burn order (priority, earli
 expiry, oldest; a hold's earmarks; only credit active at the charge's time), its own
 debt (settling past what is held draws free credit, then goes negative; a top-up
 already in effect pays debt first, a later one only once the sweep sees it in
-effect) and its own limits (DESIGN §4). From those it predicts every outcome: each
+effect) and its own limits (docs/design.md §4). From those it predicts every outcome: each
 hold, consume, charge and release is admitted or refused with the exact code, and a
 refusal or a replay posts nothing. Charges are effective at the scheduler's end of
 the run (in the past) or at the clock, so effective times move backwards and
@@ -156,7 +156,7 @@ class Refused:
 
 
 class Model:
-    """What the ledger should do, from DESIGN §4, by other means than the ledger's code."""
+    """What the ledger should do, from docs/design.md §4, by other means than the ledger's code."""
 
     def __init__(self) -> None:
         self.prices: list[tuple[datetime, int, str, int]] = []  # (effective, order, gres, per hour)

@@ -1,4 +1,4 @@
-"""The spend-rate cap, checked when a hold is taken (DESIGN §4, "Limits checked at reserve").
+"""The spend-rate cap, checked when a hold is taken (docs/design.md §4.12).
 
 The sum of the burn rates of the active holds plus the new one must not exceed the cap
 of the user, then of the account. A refusal is `spend_rate`, its message names who,

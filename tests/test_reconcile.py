@@ -108,7 +108,7 @@ def factory(engine: Engine) -> sessionmaker[Session]:
 
 @pytest.fixture
 def ledger(tx: Callable[[], Any]) -> Callable[[], Any]:
-    """Prices of DESIGN §6, account physics (alice) with 100 credits."""
+    """Prices of docs/design.md §6, account physics (alice) with 100 credits."""
     with tx() as s:
         api.set_price(s, "a100", "2.00", effective_at=EPOCH)
         api.set_price(s, "h100", "3.60", effective_at=EPOCH)

@@ -53,7 +53,7 @@ def _run(**fields: object) -> SacctRun:
 
 
 def test_expected_charge_is_priced_independently() -> None:
-    # DESIGN §6 step 5: 2 x H100 for 1800 s at 3.60 per GPU-hour is 3.6 credits.
+    # docs/design.md §6 step 5: 2 x H100 for 1800 s at 3.60 per GPU-hour is 3.6 credits.
     assert expected_charge(_run(), days=7) == 3_600_000
     # One A100 second at 2.00/h is 555.55... micro-credits: half up, once.
     assert expected_charge(_run(gpus={"a100": 1}, elapsed_seconds=1), days=7) == 556

@@ -336,7 +336,7 @@ def _poll(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 @pytest.mark.slurm
 def test_prolog_hold_keeps_the_job_held_until_released(passthrough_box: SlurmBox, tmp_path: Path) -> None:
-    """The Slurm behaviour gpucredit's refusal relies on (DESIGN §3 step 2).
+    """The Slurm behaviour gpucredit's refusal relies on (docs/design.md §3.2).
 
     A bare non-zero exit requeues the job and it loops; setting priority 0
     first leaves it PENDING with Reason=JobHeldAdmin that the user cannot

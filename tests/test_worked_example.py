@@ -1,4 +1,4 @@
-"""DESIGN §6, the worked example, step by step with every figure exact, on both stores."""
+"""docs/design.md §6, the worked example, step by step with every figure exact, on both stores."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Holds record how they were taken (lease_seconds: the lease window, NULL a full hold)
 and how far their cost so far is read beyond what was posted (accrues_to_seconds).
 
-Lease mode (DESIGN §4) holds rate × window and the meter renews it; a full hold covers
+Lease mode (docs/design.md §4.5) holds rate × window and the meter renews it; a full hold covers
 the whole time limit. The meter reads this column, not the configured mode, so switching
 holds.mode on a running cluster never renews a full hold nor leaves a lease unrenewed.
 A running job's cost so far is computed on read, not posted every tick: accrues_to_seconds
