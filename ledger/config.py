@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "routing": {"accounts": {}},  # NAME: {"max_cost": "25", "cloud": True}
     # Slurm shares from credit (docs/fairshare.md): funded in the last funded_days, less
     # damping_percent of what was spent in the last spent_days; a funded account gets at
-    # least floor_percent of the mean; each member starts at member_shares.
+    # least floor_percent of the median; each member starts at member_shares.
     "fairshare": {
         "funded_days": 90,
         "spent_days": 7,
