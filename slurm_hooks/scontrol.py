@@ -1,16 +1,23 @@
 """Parse `scontrol show job -d -o JOBID` (Slurm 22.05): text in, JobInfo out.
 
-Pure and stdlib-only; the hooks run the command and hand the text here.
+Only the node hooks read this text, for what no other output has: each node's
+GPU indices (`GRES=gpu:a100:1(IDX:0)`), so the NVML agent samples the right
+devices. What is billed (account, times, the allocated GPUs) the controller-side
+hooks and the daemon read from `slurm_hooks.squeue`, whose fields hold no user
+text. Pure and stdlib-only; the hooks run the command and hand the text here.
 
 The one-line format is `Key=Value` pairs separated by spaces, but some values
 contain spaces (`JobName=`, `Command=`, `WorkDir=`, `Comment=`, `Reason=`,
-`StdOut=`...). Inside those free-text values only a *known* Slurm key ends
-the value; elsewhere any ` Word=` does. Users control some free text (the job
-name, the comment), so they could write ` TimeLimit=00:00:01` into a name to
-shrink their hold: every key we read must therefore occur exactly once, or
-the line is ambiguous and `ScontrolParseError` is raised rather than guessing.
+`StdOut=`...), and a job's name may hold any character, line breaks included:
+`-o` then prints one job over several lines. So a record runs from `JobId=` to
+the next line that starts with `JobId=`; a line break anywhere else belongs to
+a value. Inside the free-text values only a *known* Slurm key ends the value;
+elsewhere any ` Word=` does. Users control some free text (the job name, the
+comment), so they could write ` TimeLimit=00:00:01` into a name: every key we
+read must therefore occur exactly once, and the job's record exactly once, or
+the text is ambiguous and `ScontrolParseError` is raised rather than guessing.
 
-This module reads the line; the values in it (hostlists, TRES, GRES, times,
+This module reads the record; the values in it (hostlists, TRES, GRES, times,
 durations) are read by `slurmtext`, Slurm's text formats in one place, with its
 strictness: a value in no form Slurm prints raises rather than being skipped.
 
@@ -24,8 +31,9 @@ hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
 from __future__ import annotations
 
 import re
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 
+from slurm_hooks.jobinfo import JobInfo
 from slurmtext import (
     UNTYPED_GPU,
     SlurmTextError,
@@ -105,78 +113,10 @@ _USER = re.compile(r"(.*)\(([0-9]+)\)")
 _INT = re.compile(r"[0-9]+")
 
 
-class JobInfo:
-    """What the hooks need from `scontrol show job -d -o`.
-
-    Times are aware UTC datetimes; `gpus` are job totals by type
-    (`{"a100": 1, "h100": 1}`); `node_gpus` maps each node to its node-local
-    GPU indices and their types (`{"node1": {0: "a100", 2: "h100"}}`).
-
-    A plain class rather than a dataclass: `dataclasses` imports `inspect`,
-    which costs several milliseconds in every hook process (docs/design.md §3.8).
-    """
-
-    __slots__ = (
-        "account", "end_time", "fields", "gpus", "job_id", "node_gpus", "node_list", "num_nodes",
-        "partition", "restarts", "start_time", "state", "submit_time", "time_limit_seconds", "uid",
-        "user",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        *,
-        job_id: int,
-        user: str | None,
-        uid: int | None,
-        account: str | None,
-        partition: str | None,
-        state: str | None,
-        restarts: int,
-        num_nodes: int | None,
-        node_list: str | None,
-        time_limit_seconds: int | None,
-        start_time: datetime | None,
-        end_time: datetime | None,
-        submit_time: datetime | None = None,
-        gpus: dict[str, int] | None = None,
-        node_gpus: dict[str, dict[int, str]] | None = None,
-        fields: dict[str, str] | None = None,
-    ) -> None:
-        self.job_id = job_id
-        self.user = user
-        self.uid = uid
-        self.account = account
-        self.partition = partition
-        self.state = state
-        self.restarts = restarts
-        self.num_nodes = num_nodes
-        self.node_list = node_list
-        self.time_limit_seconds = time_limit_seconds
-        self.start_time = start_time
-        self.end_time = end_time
-        # This attempt's SubmitTime: Slurm resets it on every requeue, and a reused job
-        # id gets a new one, so (cluster, job_id, run, submit_time) names one attempt.
-        self.submit_time = submit_time
-        self.gpus: dict[str, int] = {} if gpus is None else gpus
-        self.node_gpus: dict[str, dict[int, str]] = {} if node_gpus is None else node_gpus
-        self.fields: dict[str, str] = {} if fields is None else fields
-
-    def _values(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, JobInfo):
-            return NotImplemented
-        return self._values() == other._values()
-
-    def __repr__(self) -> str:
-        items = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__ if name != "fields")
-        return f"JobInfo({items})"
-
-
 def parse_line(line: str) -> list[tuple[str, str]]:
-    """Split one `-o` line into (key, value) pairs, in order, repeats kept."""
-    line = line.strip()
+    """Split one `-o` record into (key, value) pairs, in order, repeats kept. A line
+    break inside the record is part of a value (only a space starts a key)."""
+    line = line.strip(" \n")
     if not line:
         raise ScontrolParseError("empty scontrol output")
     starts = list(_KEY_START.finditer(line))
@@ -219,16 +159,29 @@ def _int_or_none(value: str | None) -> int | None:
     return int(match.group()) if match else None
 
 
-def _select_line(text: str, job_id: int | None) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
+# Where one job's record ends and the next begins: a line break right before `JobId=`.
+_RECORD_START = re.compile(r"\n(?=JobId=)")
+
+
+def _select_record(text: str, job_id: int | None) -> str:
+    """The record of `job_id` (the only record, when None): exactly one, or raise."""
+    records = [record for record in _RECORD_START.split(text.strip("\n")) if record.strip()]
+    if not records:
         raise ScontrolParseError("empty scontrol output")
-    if len(lines) == 1 or job_id is None:
-        return lines[0]
-    for line in lines:
-        if line.strip().startswith(f"JobId={job_id} "):
-            return line
-    raise ScontrolParseError(f"job {job_id} not in scontrol output")
+    if job_id is None:
+        if len(records) != 1:
+            raise ScontrolParseError(f"scontrol printed {len(records)} records; expected one job")
+        return records[0]
+    prefix = re.compile(rf"JobId={job_id}(?= |$)")
+    mine = [record for record in records if prefix.match(record)]
+    if len(mine) != 1:
+        raise ScontrolParseError(
+            f"job {job_id} not in scontrol output"
+            if not mine
+            else f"ambiguous scontrol output: {len(mine)} records start JobId={job_id} "
+            "(a job name or comment holding a line break and 'JobId=' text?)"
+        )
+    return mine[0]
 
 
 def _node_groups(pairs: list[tuple[str, str]]) -> dict[str, dict[int, str]]:
@@ -252,7 +205,7 @@ def _node_groups(pairs: list[tuple[str, str]]) -> dict[str, dict[int, str]]:
 
 def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) -> JobInfo:
     """Parse `scontrol show job -d -o` output (the line of `job_id` if several)."""
-    pairs = parse_line(_select_line(text, job_id))
+    pairs = parse_line(_select_record(text, job_id))
     counts: dict[str, int] = {}
     fields: dict[str, str] = {}
     for key, value in pairs:

@@ -5,7 +5,8 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
 * Hostlists: ``node[1-2,5],gpu07`` -> names (:func:`expand_hostlist`); GPU index
   lists ``0-1,3`` (:func:`parse_index_list`).
 * TRES strings: ``cpu=1,gres/gpu:a100=1,gres/gpu=2`` (:func:`parse_tres`, and
-  :func:`gpus_from_tres` for the GPU counts by type).
+  :func:`gpus_from_tres` for the GPU counts by type; :func:`requested_gpus` for a
+  request, which 22.05 can leave inconsistent).
 * GRES strings, one grammar for all of: job_desc's ``gres:gpu:a100:2`` and
   ``gres/gpu:a100=1``, scontrol's ``JOB_GRES=gpu:a100:1`` and node
   ``GRES=gpu:a100:2(IDX:0-1)``, squeue's ``gres_detail``, sinfo's ``%G``
@@ -16,6 +17,8 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
 * ``--noheader --parsable2`` tables (sacctmgr, sshare): rows of named fields
   (:func:`parse_parsable`); an association's fairshare, ``7`` or ``parent``
   (:func:`parse_raw_shares`).
+* ``squeue --noheader --Format=Field:|,...`` lines, each value followed by ``|``
+  (:func:`split_format_line`, and :func:`parse_format_rows` for named rows).
 * Times: the local ``YYYY-MM-DDTHH:MM:SS`` scontrol and sacct print and take,
   ``Unknown``/``None`` (:func:`parse_time`, :func:`format_time`); JSON epochs
   (:func:`time_from_epoch`).
@@ -25,6 +28,8 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
 * Job specs: ``6``, ``6_2``, ``6_[0-2]``, ``7+1`` (:func:`parse_job_spec`,
   ``str(JobSpec)``); array index expressions ``0-15:3%4``
   (:func:`parse_array_indices`).
+* Output file names: ``sbatch -o`` patterns (``slurm-%j.out``, ``%x-%A_%a.log``) as
+  the batch step expands them (:func:`expand_output_path`).
 * Comment text: the one-line ``gpucredit: ...`` comment the hooks and the meter
   set on a job (:func:`comment_text`); the ``gpucredit:max_cost=25,cloud=yes``
   directives a user writes into a job's comment (:func:`comment_directives`) and
@@ -64,6 +69,7 @@ __all__ = [
     "comment_directives",
     "comment_text",
     "expand_hostlist",
+    "expand_output_path",
     "format_time",
     "gpu_gres",
     "gpus_from_tres",
@@ -71,6 +77,7 @@ __all__ = [
     "gres_gpus",
     "parse_array_indices",
     "parse_duration",
+    "parse_format_rows",
     "parse_index_list",
     "parse_job_spec",
     "parse_limit_minutes",
@@ -81,7 +88,9 @@ __all__ = [
     "parse_sinfo_gpu_use",
     "parse_time",
     "parse_tres",
+    "requested_gpus",
     "routed_comment",
+    "split_format_line",
     "time_from_epoch",
 ]
 
@@ -289,6 +298,23 @@ def gpus_from_tres(tres: Mapping[str, str] | Mapping[str, int]) -> dict[str, int
         if total > typed_sum:
             typed[UNTYPED_GPU] = typed.get(UNTYPED_GPU, 0) + total - typed_sum
     return typed
+
+
+def requested_gpus(tres: Mapping[str, str] | Mapping[str, int]) -> dict[str, int]:
+    """GPUs per type a job *asked for* (ReqTRES, tres_req_str), as :func:`gpus_from_tres`,
+    except that typed counts above the ``gres/gpu`` total are kept as typed.
+
+    Slurm 22.05 adds instead of replacing on ``scontrol update jobid=J
+    TresPerNode=gres:gpu:h100:1`` of a pending ``gpu:a100:1`` job (docs/slurm-facts.md §9):
+    ReqTRES then reads ``gres/gpu=1,gres/gpu:a100=1,gres/gpu:h100=1`` while the job is
+    given, and AllocTRES bills, both GPUs. Nothing is billed from a request, and a record
+    refused for it was never billed at all; so the typed counts stand, the total goes.
+    """
+    try:
+        return gpus_from_tres(tres)
+    except SlurmTextError:
+        typed = {name: count for name, count in tres.items() if name != "gres/gpu"}
+        return gpus_from_tres(typed)  # type: ignore[arg-type]
 
 
 def _tres_count(raw: str | int, name: str) -> int:
@@ -648,6 +674,59 @@ def parse_array_indices(text: str) -> tuple[int, int | None]:
     return seen.count(1), limit
 
 
+# --------------------------------------------------------------------------- output paths
+
+_OUTPUT_PATTERN = r"%(?:(%)|([0-9]{0,2})([AaJjNnstux]))"
+
+
+def expand_output_path(
+    pattern: str | None,
+    *,
+    job_id: int,
+    user: str,
+    name: str,
+    work_dir: str,
+    node: str = "",
+    array_job_id: int | None = None,
+    array_task_id: int | None = None,
+) -> str:
+    """Where a batch job's stdout goes: its ``-o`` pattern as the batch step expands it
+    (`SLURM_JOB_STDOUT`, which PrologSlurmctld gets unexpanded), or Slurm's default
+    ``slurm-%j.out`` (``slurm-%A_%a.out`` for an array task) when none was given; a
+    relative path is under `work_dir`. Replaced: ``%%`` ``%A`` ``%a`` ``%J`` ``%j`` ``%N``
+    ``%n`` ``%s`` ``%t`` ``%u`` ``%x``, a number between ``%`` and the letter zero-pads
+    (``%4a``); a pattern with a backslash in it is taken as written, less its backslashes.
+    """
+    array = array_job_id is not None and array_task_id is not None
+    if not pattern:
+        pattern = "slurm-%A_%a.out" if array else "slurm-%j.out"
+    if "\\" in pattern:
+        path = pattern.replace("\\", "")
+    else:
+        values = {
+            "A": str(array_job_id if array else job_id),
+            "a": str(array_task_id if array else 4294967294),
+            "J": f"{job_id}.batch",
+            "j": str(job_id),
+            "N": node,
+            "n": "0",
+            "s": "batch",
+            "t": "0",
+            "u": user,
+            "x": name,
+        }
+
+        def replace(match: re.Match[str]) -> str:
+            if match.group(1):
+                return "%"
+            value = values[match.group(3)]
+            width = int(match.group(2) or 0)
+            return value.zfill(width) if value.isdigit() else value
+
+        path = re.sub(_OUTPUT_PATTERN, replace, pattern)
+    return path if path.startswith("/") else f"{work_dir.rstrip('/')}/{path}"
+
+
 # --------------------------------------------------------------------------- comments
 
 
@@ -721,6 +800,39 @@ def parse_parsable(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
             raise SlurmTextError(f"line {number} has {len(values)} fields, expected {len(fields)}: {line!r}")
         rows.append(dict(zip(fields, values, strict=True)))
     return rows
+
+
+def split_format_line(line: str, count: int) -> list[str]:
+    """One ``squeue --noheader --Format=F1:|,F2:|,...`` line -> its `count` values.
+
+    Each value is followed by ``|``, so a line is exactly `count` pieces and an empty
+    last one; anything else raises. Only for fields Slurm sets itself (ids, states,
+    times, TRES, and account, partition, node and user names): none of them can hold
+    ``|`` or a line break, which is why a job's name, comment or paths are never asked
+    for in this format. Values a squeue pads with spaces are stripped.
+    """
+    parts = line.split("|")
+    if len(parts) != count + 1 or parts[-1].strip():
+        raise SlurmTextError(f"expected {count} '|'-ended fields, got {len(parts) - 1}: {line[:200]!r}")
+    del parts[-1]
+    if " " in line:
+        parts = [part.strip() for part in parts]
+    return parts
+
+
+def parse_format_rows(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
+    """``squeue --noheader --Format=`` output of `fields` (each ``Field:|``) -> one dict
+    per line, keyed by field. Lines are split on "\\n" only (never on the other line
+    breaks Python's splitlines knows); blank lines are skipped; a bad line raises.
+
+    >>> parse_format_rows("5|RUNNING|\\n", ("JobID", "State"))
+    [{'JobID': '5', 'State': 'RUNNING'}]
+    """
+    return [
+        dict(zip(fields, split_format_line(line, len(fields)), strict=True))
+        for line in text.split("\n")
+        if line.strip()
+    ]
 
 
 def parse_raw_shares(text: str) -> int | None:

@@ -48,6 +48,7 @@ def test_hook_process_code_imports_only_the_standard_library_and_itself() -> Non
 def test_daemon_side_code_is_not_in_the_hook_package() -> None:
     """The daemon's hold/settle answers and the admin CLI used to sit beside the hooks."""
     top_level = {path.stem for path in (ROOT / "slurm_hooks").glob("*.py")}
-    # outage_spool is the hooks' own: PrologSlurmctld appends to it when the ledger is down.
-    assert top_level == {"__init__", "client", "hooks", "outage_spool", "scontrol"}
+    # outage_spool is the hooks' own: PrologSlurmctld appends to it when the ledger is down;
+    # jobinfo, squeue and scontrol read the job the hooks run for.
+    assert top_level == {"__init__", "client", "hooks", "jobinfo", "outage_spool", "scontrol", "squeue"}
     assert (ROOT / "gpucredit" / "daemon" / "hook_service.py").exists()

@@ -311,6 +311,24 @@ def test_picks_the_requested_job_among_several_lines() -> None:
         parse_job(text, job_id=99, tz=UTC)
 
 
+@pytest.mark.parametrize("separator", ["\n", "\r", "\v", "\f", "\x1c", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_a_line_break_in_the_job_name_stays_in_the_name(separator: str) -> None:
+    """`sbatch -J $'y\\nz'`: `-o` prints the job over two lines. Python's splitlines would
+    cut the record at the name, and the node hooks then saw a job with no GPUs (issue 26)."""
+    text = SINGLE.replace("JobName=wrap", f"JobName=y{separator}z")
+    job = parse_job(text, job_id=5, tz=UTC)
+    assert job.fields["JobName"] == f"y{separator}z"
+    assert job.gpus == {"a100": 1, "h100": 1}
+    assert job.node_gpus == {"node1": {0: "a100", 2: "h100"}}
+
+
+def test_a_name_that_forges_a_record_of_the_same_job_is_ambiguous() -> None:
+    forged = "JobId=5 JobName=x TRES=cpu=1,node=1 NodeList=node1"
+    text = SINGLE.replace("JobName=wrap", f"JobName=a\n{forged}")
+    with pytest.raises(ScontrolParseError, match="2 records start JobId=5"):
+        parse_job(text, job_id=5, tz=UTC)
+
+
 def test_wrong_job_is_refused() -> None:
     with pytest.raises(ScontrolParseError):
         parse_job(SINGLE, job_id=6, tz=UTC)
