@@ -61,6 +61,7 @@ from slurmtext import (
     gpus_from_tres,
     parse_limit_minutes,
     parse_tres,
+    requested_gpus,
     time_from_epoch,
 )
 
@@ -244,7 +245,7 @@ def _job_from_pyslurm(record: Mapping[str, Any], cluster: str, position: int) ->
         end=epoch("end_time"),
         time_limit_seconds=parse_limit_minutes(limit) if isinstance(limit, int) else None,
         gpus=gpus_from_tres(alloc),
-        requested_gpus=gpus_from_tres(parse_tres(record.get("tres_req_str") or "")),
+        requested_gpus=requested_gpus(parse_tres(record.get("tres_req_str") or "")),
         nodes=nodes,
         node_count=int(record.get("num_nodes") or 0) if alloc else 0,
         name=record.get("name") or "",

@@ -33,9 +33,13 @@ Facts these parsers rely on (Slurm 22.05.8, see docs/slurm-facts.md §7, §10):
 * Text timestamps are local time without a zone; JSON ones are epoch seconds.
   ``Unknown`` (0) and ``None`` (NO_VAL) mean "no such time". A local time that
   falls in a DST fold is ambiguous in the text format; the JSON format is not.
-* A JobName containing a newline splits its text row in two: the first half
-  parses (with a truncated name), the second half is reported as an error.
-  ``--json`` does not have this problem.
+* No field of the text format is free text: a job name, comment or path may hold
+  any character, a line break and a whole forged row included (a CPU job named
+  ``x`` + newline + 16 ``|``-separated fields once posted a 7.20 charge to another
+  user's account), so the text format asks for none of them; a run's ``name`` is
+  read from ``--json`` only. Every row is then one line of Slurm's own values.
+* ReqTRES is read with :func:`slurmtext.requested_gpus`: 22.05 can leave its typed
+  counts above its total (docs/slurm-facts.md §9), and nothing is billed from it.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from slurmtext import (
     parse_limit_minutes,
     parse_time,
     parse_tres,
+    requested_gpus,
     time_from_epoch,
 )
 
@@ -83,7 +88,8 @@ __all__ = [
     "squeue_compact_argv",
 ]
 
-# Free text (JobName) is LAST: a "|" inside it cannot shift the other columns.
+# Slurm's own values only: no free text (JobName, Comment, WorkDir...), whose line
+# breaks could forge rows (see the module docstring).
 SACCT_FIELDS: tuple[str, ...] = (
     "JobIDRaw",
     "JobID",
@@ -101,7 +107,6 @@ SACCT_FIELDS: tuple[str, ...] = (
     "NodeList",
     "AllocTRES",
     "ReqTRES",
-    "JobName",
 )
 
 # Base job states after which a run (attempt) holds no resources any more.
@@ -158,7 +163,7 @@ class SacctRun:
     requested_gpus: dict[str, int] = field(hash=False)  # ReqTRES
     nodes: tuple[str, ...]
     node_count: int  # allocated nodes; 0 when never allocated
-    name: str
+    name: str  # from --json only; "" from the text format (see the module docstring)
     array_job_id: int | None = None
     array_task_id: int | None = None
     het_job_id: int | None = None
@@ -416,7 +421,7 @@ def _parse_parsable2(text: str, tz: tzinfo | None) -> ParseResult:
         line = raw_line[:-1] if raw_line.endswith("\r") else raw_line
         if line == "":
             continue
-        parts = line.split("|", field_count - 1)
+        parts = line.split("|")
         if len(parts) == field_count and "." in parts[0]:
             result.skipped_step_lines.append(line_no)
             continue
@@ -497,6 +502,7 @@ class _RowReader:
         self.states: dict[str, tuple[str, str | None]] = {}
         self.tres: dict[str, dict[str, str]] = {}
         self.gpus: dict[str, dict[str, int]] = {}
+        self.requested: dict[str, dict[str, int]] = {}
         self.hosts: dict[str, tuple[str, ...]] = {}
         self.limits: dict[str, int | None] = {}
 
@@ -541,6 +547,13 @@ class _RowReader:
             found = self.gpus[text] = gpus_from_tres(self.tres_of(text))
         return dict(found)
 
+    def requested_of(self, text: str) -> dict[str, int]:
+        """GPUs per type of a request (slurmtext.requested_gpus), a fresh dict per run."""
+        found = self.requested.get(text)
+        if found is None:
+            found = self.requested[text] = requested_gpus(self.tres_of(text))
+        return dict(found)
+
     def nodes(self, text: str) -> tuple[str, ...]:
         found = self.hosts.get(text)
         if found is None:
@@ -560,7 +573,7 @@ class _RowReader:
         """
         (
             job_id_text, display_id, cluster, user, account, partition, state_text, submit, start, end,
-            elapsed, limit, node_count_text, node_list, alloc_text, req_text, name,
+            elapsed, limit, node_count_text, node_list, alloc_text, req_text,
         ) = parts  # fmt: skip
         job_id = _parse_int(job_id_text, "JobIDRaw")
         # A display id equal to the raw one is a plain job: no array task, no het component.
@@ -589,10 +602,10 @@ class _RowReader:
             "elapsed_seconds": _parse_int(elapsed, "ElapsedRaw"),
             "time_limit_seconds": self.limit(limit),
             "gpus": self.gpus_of(alloc_text),
-            "requested_gpus": self.gpus_of(req_text),
+            "requested_gpus": self.requested_of(req_text),
             "nodes": nodes,
             "node_count": node_count,
-            "name": name,
+            "name": "",
             **ids,
             "cancelled_by": by,
             "line_no": line_no,
@@ -775,7 +788,7 @@ def _run_from_json(job: Any, position: int) -> SacctRun:
         elapsed_seconds=elapsed,
         time_limit_seconds=_minutes(_opt(job, "time.limit"), "time.limit"),
         gpus=gpus_from_tres(allocated),
-        requested_gpus=gpus_from_tres(_tres_list(_opt(job, "tres.requested"), "tres.requested")),
+        requested_gpus=requested_gpus(_tres_list(_opt(job, "tres.requested"), "tres.requested")),
         nodes=nodes,
         node_count=node_count,
         name=_json_str(_opt(job, "name"), "name"),
@@ -885,7 +898,7 @@ def _squeue_job(job: Any, position: int) -> SqueueJob:
         end=_epoch(_opt(job, "end_time"), "end_time"),
         time_limit_seconds=_minutes(_opt(job, "time_limit"), "time_limit"),
         gpus=gpus_from_tres(alloc),
-        requested_gpus=gpus_from_tres(parse_tres(_json_str(_opt(job, "tres_req_str"), "tres_req_str"))),
+        requested_gpus=requested_gpus(parse_tres(_json_str(_opt(job, "tres_req_str"), "tres_req_str"))),
         nodes=nodes,
         node_count=node_count if alloc else 0,
         name=_json_str(_opt(job, "name"), "name"),

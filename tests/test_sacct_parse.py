@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +46,13 @@ from accounting_bridge.slurmcmd import (
     UnexpectedCommandError,
 )
 from tests.recorded import fixture, utc
+
+
+def unnamed(runs: Any) -> Any:
+    """Runs as the text format reads them: it asks for no name (free text)."""
+    if isinstance(runs, dict):
+        return {key: replace(run, name="") for key, run in runs.items()}
+    return [replace(run, name="") for run in runs]
 
 
 def recorded_run(**fields: Any) -> SacctRun:
@@ -160,14 +168,17 @@ RECORDED_FINISHED = {
 # --------------------------------------------------------------------------- argv
 
 
-def test_fields_cover_what_charging_needs_and_free_text_comes_last() -> None:
+def test_fields_cover_what_charging_needs_and_hold_no_free_text() -> None:
     required = {
         "JobID", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State", "Submit",
         "Start", "End", "ElapsedRaw", "TimelimitRaw", "AllocTRES", "ReqTRES", "NodeList",
-        "NNodes", "JobName",
+        "NNodes",
     }  # fmt: skip
     assert required <= set(SACCT_FIELDS)
-    assert SACCT_FIELDS[-1] == "JobName"
+    # What a user writes can hold a line break, and with it whole forged rows (issue 26).
+    free_text = {"JobName", "Comment", "AdminComment", "SystemComment", "WorkDir", "WCKey", "MailUser",
+                 "Constraints", "SubmitLine", "Reason", "QOS", "Reservation"}  # fmt: skip
+    assert not free_text & set(SACCT_FIELDS)
     assert "Restarts" not in SACCT_FIELDS  # 22.05: "Invalid field requested"
     assert len(set(SACCT_FIELDS)) == len(SACCT_FIELDS)
 
@@ -205,7 +216,7 @@ def test_recorded_finished_text_gives_exact_runs() -> None:
     result = parse_parsable2(fixture("recorded_finished.txt"), tz=UTC)
     assert result.errors == []
     assert result.skipped_step_lines == []
-    assert {run.key: run for run in result.runs} == RECORDED_FINISHED
+    assert {run.key: run for run in result.runs} == unnamed(RECORDED_FINISHED)
     assert len(result.runs) == len(RECORDED_FINISHED)
     assert all(run.finished for run in result.runs)
     by_key = {run.key: run for run in result.runs}
@@ -219,7 +230,7 @@ def test_recorded_finished_text_gives_exact_runs() -> None:
 def test_step_lines_are_parsed_and_skipped_not_summed() -> None:
     result = parse_parsable2(fixture("recorded_finished_with_steps.txt"), tz=UTC)
     assert result.errors == []
-    assert {run.key: run for run in result.runs} == RECORDED_FINISHED
+    assert {run.key: run for run in result.runs} == unnamed(RECORDED_FINISHED)
     assert result.skipped_step_lines == [2, 4, 6, 8, 9, 11, 13, 15, 16, 18, 21, 23, 25, 27, 29, 31, 33]
     # the multi-node job is one run with both nodes' GPUs, not .batch + .0
     multi = [run for run in result.runs if run.job_id == 7]
@@ -240,7 +251,7 @@ def test_running_jobs_have_unknown_end_and_are_not_finished() -> None:
 def test_requeued_job_waiting_for_its_next_run() -> None:
     result = parse_parsable2(fixture("recorded_requeue_pending.txt"), tz=UTC)
     assert result.errors == []
-    assert result.runs == [
+    assert result.runs == unnamed([
         RECORDED_FINISHED[("lab", 16, 0)],
         recorded_run(
             job_id=16,
@@ -256,7 +267,7 @@ def test_requeued_job_waiting_for_its_next_run() -> None:
             node_count=0,
             name="requeue-me",
         ),
-    ]
+    ])
     assert [run.finished for run in result.runs] == [True, False]
 
 
@@ -268,7 +279,7 @@ def test_json_and_text_of_the_same_jobs_agree(name: str) -> None:
     text = parse_parsable2(fixture(f"{name}.txt"), tz=UTC)
     document = parse_json(fixture(f"{name}.json"))
     assert text.errors == [] and document.errors == []
-    assert sorted(document.runs, key=lambda r: r.key) == sorted(text.runs, key=lambda r: r.key)
+    assert sorted(unnamed(document.runs), key=lambda r: r.key) == sorted(text.runs, key=lambda r: r.key)
 
 
 def test_json_finished_runs_are_exact_and_name_who_cancelled() -> None:
@@ -387,7 +398,7 @@ def test_handwritten_failure_states_requeues_and_limits() -> None:
     result = parse_parsable2(fixture("handwritten_failures.txt"), tz=UTC)
     assert result.errors == []
     assert result.skipped_step_lines == [3]  # NODE_FAIL's .batch reads CANCELLED
-    assert result.runs == HANDWRITTEN
+    assert result.runs == unnamed(HANDWRITTEN)
     finished = {run.key: run.finished for run in result.runs}
     assert finished[("lab", 1013, 1)] is False
     assert finished[("lab", 1020, 0)] is False
@@ -400,7 +411,7 @@ def test_handwritten_json_agrees_with_text() -> None:
     document = parse_json(fixture("handwritten_failures.json"))
     assert document.errors == []
     expected = sorted((r for r in text.runs if r.job_id != 1020), key=lambda r: r.key)
-    assert sorted(document.runs, key=lambda r: r.key) == expected
+    assert sorted(unnamed(document.runs), key=lambda r: r.key) == expected
     cancelled = next(run for run in document.runs if run.job_id == 1016)
     assert cancelled.cancelled_by == "alice"
 
@@ -413,7 +424,7 @@ def test_malformed_lines_are_reported_with_line_numbers_never_dropped() -> None:
         (10, 2010), (11, 2011), (12, None), (13, None),
     ]  # fmt: skip
     reasons = [error.reason for error in result.errors]
-    assert "expected 17 '|'-separated fields" in reasons[0] and reasons[0].endswith("got 8")
+    assert "expected 16 '|'-separated fields" in reasons[0] and reasons[0].endswith("got 8")
     assert reasons[1] == "bad time 'yesterday' (want YYYY-MM-DDTHH:MM:SS, Unknown or None)"
     assert reasons[2] == "bad JobIDRaw 'x2004' (want a non-negative integer)"
     assert reasons[3] == "bad State 'completed'"
@@ -742,7 +753,7 @@ def test_finished_runs_refetches_every_attempt_before_numbering() -> None:
     result = source.finished_runs(SINCE, UNTIL)
     assert result.errors == []
     assert sorted(run.key for run in result.runs) == [("lab", 4, 0), ("lab", 16, 0), ("lab", 16, 1)]
-    assert {run.key: run for run in result.runs}[("lab", 16, 1)] == RECORDED_FINISHED[("lab", 16, 1)]
+    assert {run.key: run for run in result.runs}[("lab", 16, 1)] == unnamed(RECORDED_FINISHED)[("lab", 16, 1)]
     assert len(runner.calls) == 2
 
 
@@ -863,3 +874,30 @@ def test_make_job_source_with_matching_pyslurm() -> None:
 def test_python_is_new_enough_for_the_parsers() -> None:
     assert sys.version_info >= (3, 11)
     assert sacct.__all__  # the public surface is declared
+
+
+def test_a_request_22_05_left_inconsistent_is_read_and_the_run_billed_from_its_allocation() -> None:
+    """Recorded on the box (issue 26, S3): a held `gpu:a100:1` job updated with
+    `TresPerNode=gres:gpu:h100:1` is given both GPUs; ReqTRES then lists typed counts above
+    its total. The row was refused every round and the run charged nothing."""
+    row = (
+        "3|3|lab|alice|physics|onprem|COMPLETED|2026-12-03T09:21:05|2026-12-03T09:21:05|"
+        "2026-12-03T09:21:55|50|5|1|node1|"
+        "billing=31,cpu=1,gres/gpu:a100=1,gres/gpu:h100=1,gres/gpu=2,node=1|"
+        "billing=31,cpu=1,gres/gpu:a100=1,gres/gpu:h100=1,gres/gpu=1,mem=2000M,node=1\n"
+    )
+    result = parse_parsable2(row, tz=UTC)
+    assert result.errors == []
+    [run] = result.runs
+    assert run.gpus == {"a100": 1, "h100": 1} and run.gpu_seconds == {"a100": 50, "h100": 50}
+    assert run.requested_gpus == {"a100": 1, "h100": 1}
+
+
+def test_a_row_with_a_field_too_many_is_an_error_not_a_run() -> None:
+    """No field may hold a '|' any more: a 17th field (a job name, as rows had) is refused."""
+    good = fixture("recorded_finished.txt").split("\n")[0]
+    result = parse_parsable2(good + "|x\n", tz=UTC)
+    assert result.runs == []
+    assert [e.reason for e in result.errors] == [
+        "expected 16 '|'-separated fields (" + ",".join(SACCT_FIELDS) + "), got 17"
+    ]

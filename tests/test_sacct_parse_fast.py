@@ -37,7 +37,7 @@ def line(
 ) -> str:
     fields_ = [
         str(job_id), display or str(job_id), "lab", "alice", "physics", "gpu", state,
-        submit, start, end, str(elapsed), "120", "1", nodes, alloc, alloc, "train|x",
+        submit, start, end, str(elapsed), "120", "1", nodes, alloc, alloc,
     ]  # fmt: skip
     return "|".join(fields_)
 
@@ -47,7 +47,7 @@ def test_a_parsed_run_is_the_record_its_constructor_builds() -> None:
     assert set(vars(run)) == {f.name for f in fields(SacctRun)}
     rebuilt = SacctRun(**{f.name: getattr(run, f.name) for f in fields(SacctRun)})
     assert run == rebuilt and hash(run) == hash(rebuilt)
-    assert run.name == "train|x" and run.gpus == {"a100": 1} and run.run == 0
+    assert run.name == "" and run.gpus == {"a100": 1} and run.run == 0
     assert run.start == datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC)
 
 
