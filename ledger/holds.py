@@ -16,7 +16,7 @@ A repeat of the same request returns the hold.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ledger.accounts import check_name, lock_account, lock_account_by_id
+from ledger.accounts import check_name, lock_account, lock_account_by_id, lock_accounts
 from ledger.bulk import insert_rows, update_rows
-from ledger.errors import Conflict, InsufficientCredits, InvalidInput, NotFound
+from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LedgerError, NotFound
 from ledger.grants import (
     GrantState,
     available_now,
@@ -560,6 +560,47 @@ def create_hold(
         s.execute(insert(allocations_t), earmarks)
     save_grants(s, grants)
     return hold
+
+
+# Slurm's own cap on a heterogeneous job's components (MAX_HET_JOB_COMPONENTS, 128).
+MAX_PARTS_TOGETHER = 128
+
+
+def create_holds_together(s: Session, parts: Sequence[Mapping[str, Any]]) -> list[HoldState]:
+    """Holds for the parts of one heterogeneous job: every part's, or a refusal and none.
+
+    Each part is `create_hold`'s account and keywords (`{"account": ..., "user": ...}`),
+    checked against what the parts before it took (limits, credit), so parts that fit
+    alone but not together are refused. The accounts are locked first, in id order;
+    each part's money stays in its own account. Nothing is written on a refusal once the
+    caller rolls back (the daemon runs this in a SAVEPOINT); a repeat returns the holds
+    as first taken. Slurm runs PrologSlurmctld once per part, so without this one part
+    would run held while the next was refused, and the job would loop.
+    """
+    if not 1 <= len(parts) <= MAX_PARTS_TOGETHER:
+        raise InvalidInput(
+            f"a job is held in 1 to {MAX_PARTS_TOGETHER} parts, not {len(parts)}", code="invalid_request"
+        )
+    lock_accounts(s, {str(part["account"]) for part in parts})
+    holds = []
+    for part in parts:
+        arguments = dict(part)
+        holds.append(create_hold(s, str(arguments.pop("account")), **arguments))
+    return holds
+
+
+def hold_refusal(s: Session, parts: Sequence[Mapping[str, Any]]) -> LedgerError | None:
+    """The refusal `create_holds_together(parts)` would give now, or None if the holds
+    would be taken: the same rules, tried in a SAVEPOINT that is always rolled back.
+    What the daemon asks before it releases a held job (docs/design.md §3.2)."""
+    savepoint = s.begin_nested()
+    try:
+        create_holds_together(s, parts)
+    except LedgerError as error:
+        return error
+    finally:
+        savepoint.rollback()
+    return None
 
 
 def _earmarks(hold_id: int, legs: list[Leg]) -> list[dict[str, int]]:

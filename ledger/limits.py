@@ -2,12 +2,15 @@
 
 Concurrent GPUs (user, account), spend rate (sum of active burn rates + the new one
 <= cap) and daily spend (spent today + held + the new hold <= cap). A refusal is a
-`LimitExceeded` naming the limit, the current value and the cap.
+`LimitExceeded` naming the limit, the current value and the cap; its details carry
+`"alone": True` when the job breaks the cap on its own, whatever else runs, so that
+it can never start under that cap (the prolog says so, and the daemon never
+releases it: docs/design.md §4.12).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -56,46 +59,141 @@ def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) ->
     return int(s.execute(query).scalar_one())
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What an account or a user has running now, as the limits see it: the active holds'
+    GPUs, burn rate per hour and uncharged credit, and the day's charges so far."""
+
+    gpus: int = 0
+    rate_ucredits_per_hour: int = 0
+    held_ucredits: int = 0
+    spent_today_ucredits: int = 0
+
+
+def capped_usage(s: Session, at: datetime) -> dict[tuple[int, str | None], Usage]:
+    """Usage (see `Usage`) of every account that has a cap of its own or on a member,
+    by (account id, user) and for the whole account under (account id, None): what the
+    job_submit snapshot sets beside the caps. Four grouped reads, whatever the count."""
+    capped = select(limits_t.c.account_id).distinct().scalar_subquery()
+    uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
+    usage: dict[tuple[int, str | None], Usage] = {}
+
+    def add(key: tuple[int, str | None], more: Usage) -> None:
+        old = usage.get(key, Usage())
+        usage[key] = Usage(
+            old.gpus + more.gpus,
+            old.rate_ucredits_per_hour + more.rate_ucredits_per_hour,
+            old.held_ucredits + more.held_ucredits,
+            old.spent_today_ucredits + more.spent_today_ucredits,
+        )
+
+    holds = s.execute(
+        select(
+            holds_t.c.account_id,
+            holds_t.c.user,
+            func.sum(holds_t.c.gpu_count),
+            func.sum(holds_t.c.rate_ucredits_per_hour),
+            func.sum(case((uncharged > 0, uncharged), else_=0)),
+        )
+        .where(holds_t.c.state == "active", holds_t.c.account_id.in_(capped))
+        .group_by(holds_t.c.account_id, holds_t.c.user)
+    )
+    for account_id, user, gpus, rate, held in holds:
+        for key in _scopes(account_id, user):
+            add(key, Usage(int(gpus or 0), int(rate or 0), int(held or 0)))
+    start, end = day_bounds(at)
+    spent = s.execute(
+        select(entries_t.c.account_id, entries_t.c.user, func.sum(postings_t.c.amount_ucredits))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(
+            postings_t.c.account_id == REVENUE,
+            entries_t.c.account_id.in_(capped),
+            entries_t.c.effective_at >= start,
+            entries_t.c.effective_at < end,
+        )
+        .group_by(entries_t.c.account_id, entries_t.c.user)
+    )
+    for account_id, user, amount in spent:
+        for key in _scopes(account_id, user):
+            add(key, Usage(spent_today_ucredits=int(amount or 0)))
+    return usage
+
+
+def _scopes(account_id: int, user: str | None) -> list[tuple[int, str | None]]:
+    """The scopes a row counts in: the account, and its user's when it has one."""
+    return [(account_id, None)] if user is None else [(account_id, user), (account_id, None)]
+
+
 def check_limits(
     s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int, amount: int, at: datetime
 ) -> None:
     """Refuse a new hold that would break a user or account cap, naming value and cap."""
     caps = limits_of(s, account.id, user)
+
+    def usage(who: str | None) -> Usage:
+        gpus, rate_now, held = _usage_of_active_holds(s, account.id, who)
+        daily = caps[who].daily_cap_ucredits is not None
+        return Usage(gpus, rate_now, held, spent_on_day(s, account.id, who, at) if daily else 0)
+
+    breach = limit_breach(
+        caps, usage, account=account.name, user=user, gpu_count=gpu_count, rate=rate, amount=amount
+    )
+    if breach is not None:
+        raise breach
+
+
+def limit_breach(
+    caps: Mapping[str | None, Limits],
+    usage: Callable[[str | None], Usage],
+    *,
+    account: str,
+    user: str,
+    gpu_count: int,
+    rate: int,
+    amount: int,
+) -> LimitExceeded | None:
+    """The cap a new hold of `gpu_count` GPUs at `rate` per hour reserving `amount` would
+    break, the user's before the account's, or None. `caps` are the account's (key None)
+    and the user's (key `user`); `usage(who)` is asked only for a scope with a cap. The
+    one rule behind both the hold (`check_limits`, usage read under the account's lock)
+    and job_submit's estimate (the snapshot's usage)."""
     for scope, who in (("user", user), ("account", None)):
-        limits = caps[who]
-        if limits == type(limits)():
+        limits = caps.get(who) or Limits()
+        if limits == Limits():
             continue
-        subject = f"user {user} in account {account.name}" if who else f"account {account.name}"
-        gpus_now, rate_now, held_now = _usage_of_active_holds(s, account.id, who)
-        if limits.max_gpus is not None and gpus_now + gpu_count > limits.max_gpus:
-            total_gpus = gpus_now + gpu_count
-            raise LimitExceeded(
+        subject = f"user {user} in account {account}" if who else f"account {account}"
+        now = usage(who)
+        if limits.max_gpus is not None and now.gpus + gpu_count > limits.max_gpus:
+            total_gpus = now.gpus + gpu_count
+            return LimitExceeded(
                 "concurrent_gpus",
                 f"{subject}: {total_gpus} concurrent GPUs would exceed the cap of "
-                f"{limits.max_gpus} ({gpus_now} in use + {gpu_count} requested)",
-                {"limit": "concurrent_gpus", "scope": scope, "value": total_gpus, "cap": limits.max_gpus},
+                f"{limits.max_gpus} ({now.gpus} in use + {gpu_count} requested)",
+                {"limit": "concurrent_gpus", "scope": scope, "value": total_gpus, "cap": limits.max_gpus}
+                | _alone(gpu_count > limits.max_gpus),
             )
         if limits.max_rate_ucredits_per_second is not None:
             cap_per_hour = limits.max_rate_ucredits_per_second * 3600
-            if rate_now + rate > cap_per_hour:
-                value = format_rate(rate_now + rate)
+            if now.rate_ucredits_per_hour + rate > cap_per_hour:
+                value = format_rate(now.rate_ucredits_per_hour + rate)
                 cap = format_rate(cap_per_hour)
-                raise LimitExceeded(
+                return LimitExceeded(
                     "spend_rate",
                     f"{subject}: spend rate {value}/s would exceed the cap of {cap}/s",
-                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap},
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap}
+                    | _alone(rate > cap_per_hour),
                 )
         if limits.daily_cap_ucredits is not None:
-            spent = spent_on_day(s, account.id, who, at)
-            value_u = spent + held_now + amount
+            spent, held = now.spent_today_ucredits, now.held_ucredits
+            value_u = spent + held + amount
             if value_u > limits.daily_cap_ucredits:
                 value = format_credits(value_u)
                 cap = format_credits(limits.daily_cap_ucredits)
-                raise LimitExceeded(
+                return LimitExceeded(
                     "daily_cap",
                     f"{subject}: {value} credits today would exceed the daily cap "
                     f"of {cap} ({format_credits(spent)} spent + "
-                    f"{format_credits(held_now)} held + {format_credits(amount)} "
+                    f"{format_credits(held)} held + {format_credits(amount)} "
                     "for this job)",
                     {
                         "limit": "daily_cap",
@@ -103,10 +201,17 @@ def check_limits(
                         "value": value,
                         "cap": cap,
                         "spent": format_credits(spent),
-                        "held": format_credits(held_now),
+                        "held": format_credits(held),
                         "requested": format_credits(amount),
-                    },
+                    }
+                    | _alone(amount > limits.daily_cap_ucredits),
                 )
+    return None
+
+
+def _alone(alone: bool) -> dict[str, bool]:
+    """The detail that marks a job over a cap on its own (see the module docstring)."""
+    return {"alone": True} if alone else {}
 
 
 def static_limit_breach(

@@ -7,7 +7,7 @@ where the prices, the available credit and the caps come from differs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from ledger.accounts import Limits, read_account
 from ledger.balance import available_credit
 from ledger.errors import LimitExceeded
-from ledger.limits import static_limit_breach
+from ledger.limits import Usage, limit_breach, static_limit_breach
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.prices import PriceTable, format_gpus, parse_gpus, prices_for_job
 from ledger.timeutil import format_time, parse_seconds, utcnow
@@ -28,7 +28,9 @@ class Estimate:
     """What `tasks` runs of a job spec cost at `at`, and what the account has then.
 
     Amounts are micro-credits; `limit_breach` is a cap the job breaks on its own (only
-    when the estimate was given the caps, as job_submit's is).
+    when the estimate was given the caps, as job_submit's is); `limit_wait` a cap it
+    breaks beside what runs now (given the usage too): it would be held until that
+    changes, as the prolog's hold would refuse it now.
     """
 
     account: str
@@ -43,6 +45,7 @@ class Estimate:
     cost_ucredits: int
     available_ucredits: int
     limit_breach: LimitExceeded | None = None
+    limit_wait: LimitExceeded | None = None
 
     @property
     def affordable(self) -> bool:
@@ -78,17 +81,30 @@ def estimate(
     tasks: int = 1,
     user: str | None = None,
     caps: Mapping[str | None, Limits] | None = None,
+    usage: Callable[[str | None], Usage] | None = None,
 ) -> Estimate:
     """Price a job spec (an array is estimated per task) and set it beside the credit.
 
     With `user` and `caps` (the account's under key None, the user's under `user`),
-    a cap the job breaks on its own is reported too.
+    a cap the job breaks on its own is reported too; with `usage` as well, a cap it
+    breaks beside what runs now (one task's full cost counts toward a daily cap, as a
+    hold in full mode reserves it).
     """
     rate, unit_prices = prices.rate_for(gpus, partition, at)
     per_task = charge_for(rate, seconds)
-    breach = None
+    breach = wait = None
     if user is not None and caps is not None:
         breach = static_limit_breach(caps, user, sum(gpus.values()), rate, per_task)
+        if breach is None and usage is not None:
+            wait = limit_breach(
+                caps,
+                usage,
+                account=account,
+                user=user,
+                gpu_count=sum(gpus.values()),
+                rate=rate,
+                amount=per_task,
+            )
     return Estimate(
         account=account,
         gpus=dict(gpus),
@@ -102,6 +118,7 @@ def estimate(
         cost_ucredits=per_task * tasks,
         available_ucredits=available_ucredits,
         limit_breach=breach,
+        limit_wait=wait,
     )
 
 

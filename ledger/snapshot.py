@@ -27,6 +27,7 @@ from ledger.balance import available_credit
 from ledger.credit_use import CreditUse, credit_in_force
 from ledger.errors import NotFound
 from ledger.journal import accounts_t, entries_t
+from ledger.limits import Usage, capped_usage
 from ledger.prices import PriceTable, load_price_table, prices_t
 from ledger.quotes import Estimate, estimate
 from ledger.timeutil import utcnow
@@ -34,6 +35,7 @@ from ledger.timeutil import utcnow
 __all__ = ["STALE_AFTER_SECONDS", "Snapshot", "SnapshotKeeper", "change_marker", "take_snapshot"]
 
 STALE_AFTER_SECONDS = 30.0
+_IDLE = Usage()
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Snapshot:
     available_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> now
     limits: Mapping[tuple[str, str | None], Limits] = field(default_factory=dict)  # (account, user)
     credit_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> granted, active now
+    # (account, user or None) -> what runs there now, for accounts with a cap (ledger.limits)
+    usage: Mapping[tuple[str, str | None], Usage] = field(default_factory=dict)
 
     def credit_use(self, account: str) -> CreditUse:
         """How much of `account`'s current credit is used (ledger.credit_use)."""
@@ -62,7 +66,8 @@ class Snapshot:
         at: datetime,
         tasks: int = 1,
     ) -> Estimate:
-        """What the job costs, what `account` has, and a cap the job breaks on its own."""
+        """What the job costs, what `account` has, a cap the job breaks on its own, and
+        one it breaks beside what runs now (as of the picture: the prolog decides)."""
         if account not in self.available_ucredits:
             raise NotFound(f"account {account!r} does not exist", details={"account": account})
         caps = {
@@ -80,6 +85,7 @@ class Snapshot:
             available_ucredits=self.available_ucredits[account],
             user=user,
             caps=caps,
+            usage=lambda who: self.usage.get((account, who), _IDLE),
         )
 
     def quotes_hold_until(self) -> datetime:
@@ -119,6 +125,11 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
         }
         available = available_credit(s, now)
         granted = credit_in_force(s, now)
+        usage = {
+            (names[account_id], who): value
+            for (account_id, who), value in capped_usage(s, now).items()
+            if account_id in names
+        }
         limits = {
             (names[r.account_id], r.user): Limits(
                 r.max_gpus, r.max_rate_ucredits_per_second, r.daily_cap_ucredits
@@ -136,6 +147,7 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
         },
         limits=limits,
         credit_ucredits={names[i]: total for i, total in granted.items() if i in names},
+        usage=usage,
     )
 
 
