@@ -25,6 +25,12 @@ from ledger.timeutil import utcnow
 TAG = "gpucredit"
 NO_TIME_LIMIT = "GPU jobs need a time limit to be priced: submit with -t [D-]HH:MM:SS"
 NO_ROUTING = RoutingConfig({}, {})
+# Slurm gives an --exclusive job every GPU of its nodes, asked for or not, and the
+# prolog holds credit for them: said at submit, not priced (the nodes are not known yet).
+EXCLUSIVE = (
+    f"{TAG}: --exclusive gives this job every GPU of its node(s), and they are charged "
+    "from when it starts; ask for GPUs with --gres to be quoted"
+)
 
 
 def submit(
@@ -56,6 +62,8 @@ def submit(
         return _reject(f"{parsed}")
     request = parsed
     if not request.gpus:
+        if request.exclusive and partition_types(request.partition):
+            return {"decision": "accept", "message": EXCLUSIVE}
         return {"decision": "accept", "message": ""}
     if request.account is None:
         return _reject("no account: submit with -A ACCOUNT")
@@ -67,6 +75,9 @@ def submit(
             request.account, request.directives.get("max_cost"), _yes_no(request.directives.get("cloud"))
         )
         if limit is None:
+            not_offered = _not_offered(request, partition_types, snapshot.prices.gpu_types())
+            if not_offered:
+                return _reject(not_offered)
             decision = _estimate(snapshot, request, top_up_hint, partition_types, now)
         else:
             decision = answer_routed(
@@ -132,10 +143,33 @@ def _estimate(
             f"{available} are available in {request.account}. "
             + top_up_hint.replace("{account}", request.account)
         )
-    return {
-        "decision": "accept",
-        "message": f"{TAG}: ~{cost} credits ({what}){note}, {available} available in {request.account}",
-    }
+    message = f"{TAG}: ~{cost} credits ({what}){note}, {available} available in {request.account}"
+    if estimate.limit_wait is not None:
+        # Over a cap only beside what runs now: Slurm queues it, as it queues a job over
+        # the caps `limits sync` writes; the prolog holds it until it fits.
+        message += f"; it waits to start: {estimate.limit_wait.code}: {estimate.limit_wait.message}"
+    return {"decision": "accept", "message": message}
+
+
+def _not_offered(request: JobRequest, partition_types: PartitionTypes, priced: list[str]) -> str | None:
+    """Why Slurm would refuse the job's (priced) GPU types, which gpucredit must not quote
+    first (a quote that sbatch prints before its own refusal reads as an error), or None.
+    Unknown until the daemon has read the partitions; every partition's types stand for
+    the default partition and for a list of partitions. An unpriced type is the ledger's
+    refusal to give."""
+    offered = partition_types(request.partition)
+    missing = sorted(
+        t for t in request.gpus if t is not None and t in priced and offered is not None and t not in offered
+    )
+    if not missing or offered is None:
+        return None
+    wanted = "/".join(missing)
+    if not request.partition:
+        return f"no partition has {wanted} GPUs (GPU types here: {', '.join(offered) or 'none'})"
+    return (
+        f"partition {request.partition} has no {wanted} GPUs "
+        f"(GPU types there: {', '.join(offered) or 'none'}); ask for a type it has"
+    )
 
 
 def _yes_no(value: str | None) -> bool | None:

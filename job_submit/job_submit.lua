@@ -67,7 +67,7 @@ end
 local FIELDS = {
     "user_name", "user_id", "account", "default_account", "partition",
     "tres_per_node", "tres_per_job", "tres_per_task", "time_limit",
-    "num_tasks", "min_nodes", "array_inx", "comment",
+    "num_tasks", "min_nodes", "array_inx", "comment", "shared",
 }
 
 -- Raise `message` without a "file:line:" prefix (it ends up in the log).

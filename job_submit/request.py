@@ -8,7 +8,7 @@ docs/slurm-facts.md §4), omitting the ones that are nil:
 
     user_name, user_id, account, default_account, partition,
     tres_per_node, tres_per_job, tres_per_task, time_limit (minutes),
-    num_tasks, min_nodes, array_inx, comment,
+    num_tasks, min_nodes, array_inx, comment, shared (0 for --exclusive),
     partitions: {name: {default_time, max_time, default}}
 
 How GPUs arrive (the gres string is the same shape in each field):
@@ -109,6 +109,7 @@ class JobRequest:
     directives: dict[str, str] = field(default_factory=dict)  # the comment's gpucredit:KEY=VALUE
     user_comment: str = ""  # the comment without those directives
     offered_partitions: tuple[str, ...] = ()  # part_list: the partitions Slurm offers this job
+    exclusive: bool = False  # --exclusive: the whole node, every GPU on it included
 
     @property
     def gpus_per_element(self) -> int:
@@ -319,4 +320,6 @@ def parse_submit(fields: Mapping[str, Any]) -> JobRequest:
         directives=directives,
         user_comment=user_comment,
         offered_partitions=tuple(sorted(partitions)),
+        # job_desc.shared is JOB_SHARED_NONE (0) for `--exclusive`; =user and =mcs are 2, 3.
+        exclusive=_int_field(fields, "shared", "invalid_request") == 0,
     )

@@ -2,8 +2,14 @@
 
 Thin, stdlib-only entry points that Slurm runs once per job (per node for
 the node hooks). They read Slurm's environment (docs/slurm-facts.md §5: no PATH, no GPU
-variables on the controller), ask `scontrol show job -d -o` for the GPU
-allocation, and talk to the resident `gpucredit daemon` (client.py).
+variables on the controller), ask squeue for what is billed (slurm_hooks/squeue.py:
+ids, times, account and the allocated GPUs, never a field a user can write), the
+node hooks ask `scontrol show job -d -o` for their node's GPU indices, and all talk
+to the resident `gpucredit daemon` (client.py).
+
+A heterogeneous job's parts are held together or not at all: PrologSlurmctld runs
+once per part, and each run asks the daemon for every part's hold in one request
+(`hold_together`); whichever runs first takes them all, the others find them taken.
 
 Exit codes, and why (docs/slurm-facts.md §6):
 
@@ -46,8 +52,10 @@ from slurm_hooks.client import (
     DaemonRefused,
     DaemonUnreachable,
 )
-from slurm_hooks.scontrol import JobInfo, ScontrolParseError, parse_job
-from slurmtext import comment_text
+from slurm_hooks.jobinfo import JobInfo
+from slurm_hooks.scontrol import parse_job
+from slurm_hooks.squeue import parse_jobs, squeue_argv
+from slurmtext import SlurmTextError, comment_text, expand_hostlist, expand_output_path
 
 # `typing` costs milliseconds to import and is needed only by type checkers here.
 TYPE_CHECKING = False
@@ -101,8 +109,17 @@ HOOKS = ("prolog-slurmctld", "epilog-slurmctld", "prolog", "epilog")
 # and site policy holds GPU jobs.
 UNREACHABLE_REASON = "ledger unreachable; job held by site policy, ask your admin to release it"
 
-# AdminComment (users cannot edit it) of a job held for credit; the daemon releases such jobs.
+# AdminComment (users cannot edit it) of a job held for credit or a limit; the daemon
+# releases such a job once a hold for it would be taken (docs/design.md §3.2).
 HOLD_ADMIN_COMMENT = "gpucredit-hold"
+# AdminComment of a job whose request could not be read: never released by the daemon
+# (it would be read, and held, again); an admin looks, and releases it by hand.
+UNREADABLE_ADMIN_COMMENT = "gpucredit-unreadable"
+# What a refusal's reason adds when the job breaks a cap on its own (details "alone").
+NEVER_FITS = (
+    " This job alone exceeds the cap, so it cannot start until the cap is raised; "
+    "cancel it (scancel) or ask your PI or admin for a higher cap."
+)
 
 Runner = Callable[[Sequence[str]], str]
 LogSink = Callable[[str], None]
@@ -228,6 +245,10 @@ class HookConfig:
     def scontrol(self) -> str:
         return os.path.join(self.bin_dir, "scontrol")
 
+    @property
+    def squeue(self) -> str:
+        return os.path.join(self.bin_dir, "squeue")
+
     def _values(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self.__slots__)
 
@@ -339,7 +360,12 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
 
 
 def hold_job_with_reason(
-    job_spec: int | str, message: str, *, bin_dir: str = DEFAULT_BIN_DIR, run: Runner = run_command
+    job_spec: int | str,
+    message: str,
+    *,
+    bin_dir: str = DEFAULT_BIN_DIR,
+    run: Runner = run_command,
+    admin_comment: str = HOLD_ADMIN_COMMENT,
 ) -> list[str]:
     """Hold a job that PrologSlurmctld refuses, and tell its owner why.
 
@@ -348,8 +374,10 @@ def hold_job_with_reason(
     does not loop through requeues (a bare exit 1 loops; requeuehold is releasable
     by the user). The reason is the job's comment, shown by `squeue -o %k` and
     `scontrol show job`; AdminComment, which users cannot edit, marks it for the
-    daemon to release once the account can pay. For an array task `job_spec` must be
-    ARRAYID_TASKID: the array's own id names the whole array.
+    daemon to release once a hold for it would be taken (`admin_comment` of another
+    kind keeps it for an admin). For an array task `job_spec` must be ARRAYID_TASKID:
+    the array's own id names the whole array; a heterogeneous job is held by its
+    leader's id, which holds every part.
     """
     scontrol = os.path.join(bin_dir, "scontrol")
     argv = [
@@ -358,7 +386,7 @@ def hold_job_with_reason(
         f"jobid={job_spec}",
         "priority=0",
         f"comment={comment_text(message)}",
-        f"admincomment={HOLD_ADMIN_COMMENT}",
+        f"admincomment={admin_comment}",
     ]
     try:
         run(argv)
@@ -454,66 +482,135 @@ class _Hook:
         return DaemonClient(self.config.socket_paths, self.config.timeout_seconds)
 
     def show_job(self) -> JobInfo:
+        """The node hooks' read: `scontrol show job -d`, for each node's GPU indices."""
         text = self.run([self.config.scontrol, "show", "job", "-d", "-o", str(self.job_id)])
         return parse_job(text, job_id=self.job_id, tz=self.tz)
 
-    def job_spec(self) -> str:
+    def read_job(self) -> tuple[JobInfo, list[JobInfo]]:
+        """This run's job as squeue has it, and the parts held with it: every part of
+        a heterogeneous job (its leader's id lists them all), else the job alone."""
+        mine = [job for job in self._squeue(str(self.job_id)) if job.job_id == self.job_id]
+        if len(mine) != 1:
+            raise SlurmTextError(f"squeue listed job {self.job_id} {len(mine)} times, not once")
+        job = mine[0]
+        if job.het_job_id is None:
+            return job, [job]
+        parts = sorted(self._squeue(str(job.het_job_id)), key=lambda part: part.het_offset or 0)
+        if job not in parts or any(part.het_job_id != job.het_job_id for part in parts):
+            raise SlurmTextError(f"squeue's parts of heterogeneous job {job.het_job_id} do not agree")
+        return job, parts
+
+    def _squeue(self, job_spec: str) -> list[JobInfo]:
+        return parse_jobs(self.run(squeue_argv(self.config.squeue, job_spec)), tz=self.tz)
+
+    def job_spec(self, job: JobInfo | None = None) -> str:
+        if job is not None:
+            return job.job_spec
+        het_id = self.environ.get("SLURM_HET_JOB_ID")
+        if het_id and het_id.isdigit():
+            return het_id
         array_id = self.environ.get("SLURM_ARRAY_JOB_ID")
         task_id = self.environ.get("SLURM_ARRAY_TASK_ID")
         return f"{array_id}_{task_id}" if array_id and task_id else str(self.job_id)
 
-    def hold_job(self, message: str) -> str:
-        failures = hold_job_with_reason(self.job_spec(), message, bin_dir=self.config.bin_dir, run=self.run)
+    def hold_job(
+        self, message: str, job: JobInfo | None = None, admin_comment: str = HOLD_ADMIN_COMMENT
+    ) -> str:
+        failures = hold_job_with_reason(
+            self.job_spec(job),
+            message,
+            bin_dir=self.config.bin_dir,
+            run=self.run,
+            admin_comment=admin_comment,
+        )
         return "job held" if not failures else "could not hold job: " + "; ".join(failures)
 
     # --- PrologSlurmctld -------------------------------------------------
 
     def prolog_slurmctld(self) -> int:
         try:
-            job = self.show_job()
-        except ScontrolParseError as e:
-            # Never guess a GPU count or time limit: park the job instead.
-            outcome = self.hold_job(f"cannot read this job's GPU request ({e})")
-            self.log(f"scontrol output unreadable: {e}; {outcome}")
+            job, parts = self.read_job()
+        except SlurmTextError as e:
+            # Never guess a GPU count or time limit: park the job for an admin instead.
+            outcome = self.hold_job(
+                f"cannot read this job's GPU request ({e}); ask your admin",
+                admin_comment=UNREADABLE_ADMIN_COMMENT,
+            )
+            self.log(f"squeue output unreadable: {e}; {outcome}")
             return 1
         except CommandError as e:
-            return self._ledger_unreachable(f"scontrol failed: {e}")
-        if not job.gpus:
+            return self._ledger_unreachable(f"squeue failed: {e}")
+        if not any(part.gpus for part in parts):
             self.log("no GPUs requested; nothing to hold")
             return 0
-        request = {
+        request = self._hold_request(job)
+        together = len(parts) > 1
+        try:
+            if together:
+                requests = [request if part is job else self._hold_request(part) for part in parts]
+                holds = self.client().call("hold_together", parts=[r for r in requests if r["gpus"]])["holds"]
+                hold = next((h for h in holds if h.get("job_id") == self.job_id), {"id": None, "amount": "0"})
+            else:
+                hold = self.client().call("hold", **request)
+        except DaemonRefused as e:
+            reason = e.message + (NEVER_FITS if e.details.get("alone") else "")
+            outcome = self.hold_job(reason, job)
+            self.log(f"refused ({e.code}): {reason}; {outcome}")
+            return 1
+        except DaemonUnreachable as e:
+            return self._ledger_unreachable(str(e), request, job)
+        what = f" (with the other parts of heterogeneous job {job.het_job_id})" if together else ""
+        self.log(
+            f"hold {hold.get('id')} of {hold.get('amount')} credits for "
+            f"{_gpu_text(job.gpus)} x {job.time_limit_seconds}s on account {request['account']}{what}"
+        )
+        return 0
+
+    def _hold_request(self, job: JobInfo) -> dict[str, Any]:
+        """The daemon's hold request for `job`: this run's, or a part held with it."""
+        mine = job.job_id == self.job_id
+        env = self.environ if mine else {}
+        return {
             "cluster": self.cluster,
-            "job_id": self.job_id,
-            "run": self.run_index,
-            "account": self.environ.get("SLURM_JOB_ACCOUNT") or job.account,
-            "user": self.environ.get("SLURM_JOB_USER") or job.user,
-            "partition": self.environ.get("SLURM_JOB_PARTITION") or job.partition,
+            "job_id": job.job_id,
+            "run": self.run_index if mine else job.restarts,
+            "account": env.get("SLURM_JOB_ACCOUNT") or job.account,
+            "user": env.get("SLURM_JOB_USER") or job.user,
+            "partition": env.get("SLURM_JOB_PARTITION") or job.partition,
             "gpus": dict(sorted(job.gpus.items())),
             "seconds": job.time_limit_seconds,
             "start": _iso(job.start_time) if job.start_time is not None else None,
             # With the run, this names the attempt: job ids are reused, SubmitTime is not.
             "submit": _iso(job.submit_time) if job.submit_time is not None else None,
-            "nodes": job.num_nodes or _int_env(self.environ, "SLURM_JOB_NUM_NODES") or 1,
-            "stdout": job.fields.get("StdOut") or None,  # the portal shows its owner the tail
+            "nodes": job.num_nodes or _int_env(env, "SLURM_JOB_NUM_NODES") or 1,
+            "stdout": self._stdout(job) if mine else None,  # the portal shows its owner the tail
         }
-        try:
-            hold = self.client().call("hold", **request)
-        except DaemonRefused as e:
-            outcome = self.hold_job(e.message)
-            self.log(f"refused ({e.code}): {e.message}; {outcome}")
-            return 1
-        except DaemonUnreachable as e:
-            return self._ledger_unreachable(str(e), request)
-        self.log(
-            f"hold {hold.get('id')} of {hold.get('amount')} credits for "
-            f"{_gpu_text(job.gpus)} x {job.time_limit_seconds}s on account {request['account']}"
-        )
-        return 0
 
-    def _ledger_unreachable(self, why: str, request: Mapping[str, Any] | None = None) -> int:
+    def _stdout(self, job: JobInfo) -> str | None:
+        """The batch output's path, from the hook's environment (the user's own text:
+        never read out of a Slurm command's output, where it could pose as other fields)."""
+        work_dir = self.environ.get("SLURM_JOB_WORK_DIR")
+        user = self.environ.get("SLURM_JOB_USER") or job.user
+        if not work_dir or not user:
+            return None
+        nodes = self.environ.get("SLURM_JOB_NODELIST") or job.node_list or ""
+        return expand_output_path(
+            self.environ.get("SLURM_JOB_STDOUT"),
+            job_id=job.job_id,
+            user=user,
+            name=self.environ.get("SLURM_JOB_NAME", ""),
+            work_dir=work_dir,
+            node=next(iter(expand_hostlist(nodes)), ""),  # the batch step's node
+            array_job_id=job.array_job_id,
+            array_task_id=job.array_task_id,
+        )
+
+    def _ledger_unreachable(
+        self, why: str, request: Mapping[str, Any] | None = None, job: JobInfo | None = None
+    ) -> int:
         if self.config.on_ledger_unreachable == "accept":
-            return self._accept_in_outage(why, request)
-        outcome = self.hold_job(UNREACHABLE_REASON)
+            return self._accept_in_outage(why, request, job)
+        outcome = self.hold_job(UNREACHABLE_REASON, job)
         self.log(f"ledger unreachable ({why}); site policy is reject; {outcome}")
         return 1
 
@@ -529,14 +626,14 @@ class _Hook:
             self.log(f"config: {source}: {problem}")
         return settings
 
-    def _accept_in_outage(self, why: str, request: Mapping[str, Any] | None) -> int:
+    def _accept_in_outage(self, why: str, request: Mapping[str, Any] | None, job: JobInfo | None) -> int:
         """Policy accept: admit the run within the outage credit lines, counted in the
         spool (outage_spool.py) for the ledger to charge when it returns."""
         admitted, note, detail = self._outage().admit(request, self.now())
         if admitted:
             self.log(f"ledger unreachable ({why}); job runs by site policy (accept); {note}")
             return 0
-        outcome = self.hold_job(note)
+        outcome = self.hold_job(note, job)
         self.log(f"ledger unreachable ({why}); site policy is accept: {note}{detail}; {outcome}")
         return 1
 
@@ -548,9 +645,12 @@ class _Hook:
         submit: datetime | None = None
         note = ""
         try:
-            job = self.show_job()
-        except (CommandError, ScontrolParseError) as e:
-            note = f" (scontrol failed: {e}; start left to the daemon)"
+            mine = [job for job in self._squeue(str(self.job_id)) if job.job_id == self.job_id]
+            if len(mine) != 1:
+                raise SlurmTextError(f"squeue listed job {self.job_id} {len(mine)} times, not once")
+            job = mine[0]
+        except (CommandError, SlurmTextError) as e:
+            note = f" (squeue failed: {e}; start left to the daemon)"
         else:
             if not job.gpus:
                 self.log("no GPUs; nothing to settle")
@@ -628,7 +728,7 @@ class _Hook:
             return 0
         try:
             job = self.show_job()
-        except (CommandError, ScontrolParseError) as e:
+        except (CommandError, SlurmTextError) as e:
             self.log(f"scontrol failed ({e}); GPUs of node {node} not registered")
             return 0
         # Index -> type from scontrol: node-hook SLURM_JOB_GPUS is wrong for
@@ -667,7 +767,7 @@ class _Hook:
             source = "no registry file"
             try:
                 gpus = self.show_job().node_gpus.get(node, {})
-            except (CommandError, ScontrolParseError) as e:
+            except (CommandError, SlurmTextError) as e:
                 self.log(f"no registry file and scontrol failed ({e}); nothing to unregister")
                 return 0
         try:

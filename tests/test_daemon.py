@@ -117,6 +117,58 @@ def test_submit_estimates_and_refuses_with_cost_available_and_top_up(client) -> 
     )
 
 
+def test_submit_refuses_a_gpu_type_the_partition_lacks_before_slurm_does(client) -> None:
+    """Slurm would refuse it after job_submit: a quote printed first reads as an error
+    (`sbatch: error: gpucredit: ~...`), so the daemon says what is wrong instead."""
+    assert submit(client, tres_per_node="gres:gpu:h100:1", partition="cloud") == {
+        "decision": "reject",
+        "message": "gpucredit: partition cloud has no h100 GPUs (GPU types there: a100); "
+        "ask for a type it has",
+    }
+    assert submit(client, tres_per_node="gres:gpu:a100:1", partition="cloud")["decision"] == "accept"
+
+
+def test_submit_tells_an_exclusive_job_without_gpus_it_is_charged_for_the_nodes_gpus(client) -> None:
+    exclusive = submit(client, shared=0)
+    assert exclusive == {
+        "decision": "accept",
+        "message": "gpucredit: --exclusive gives this job every GPU of its node(s), and they are charged "
+        "from when it starts; ask for GPUs with --gres to be quoted",
+    }
+    assert submit(client, shared=65534) == {"decision": "accept", "message": ""}  # not exclusive
+
+
+def test_submit_tells_a_job_over_a_cap_beside_what_runs_that_it_waits(
+    db_url: str, tx, sockdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26, S4: every limit is checked at submit from the snapshot. Over a cap on its
+    own: refused. Over it only beside what runs now: accepted, told it waits (Slurm queues
+    it, as it queues a job over the caps `limits sync` writes; the prolog holds it)."""
+    seed(tx)
+    with tx() as s:
+        api.add_member(s, "alice", "physics")
+        api.set_limits(s, "physics", user="alice", daily_cap="10")
+        api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=7200)  # 7.20 held
+    with running(db_url, sockdir, sinfo_runner()):
+        client = DaemonClient(str(sockdir / "daemon.sock"), 5.0)
+        _over_a_cap(client)
+
+
+def _over_a_cap(client: DaemonClient) -> None:
+    over_alone = submit(client, tres_per_node="gres:gpu:h100:2")  # 14.40 > 10
+    assert over_alone["decision"] == "reject"
+    assert over_alone["message"] == (
+        "gpucredit: daily_cap: 14.40 credits exceed the daily cap of 10.00 for user alice (job: 2×h100 × 2 h)"
+    )
+    waits = submit(client, tres_per_node="gres:gpu:h100:1", time_limit=60)  # 3.60 + 7.20 held > 10
+    assert waits == {
+        "decision": "accept",
+        "message": "gpucredit: ~3.60 credits (1×h100 × 1 h), 12.80 available in physics; it waits to start: "
+        "daily_cap: user alice in account physics: 10.80 credits today would exceed the daily cap of 10.00 "
+        "(0.00 spent + 7.20 held + 3.60 for this job)",
+    }
+
+
 def test_hold_and_settle_are_idempotent_per_run(client) -> None:
     request = {
         "cluster": "lab",
@@ -208,7 +260,7 @@ def test_database_down_answers_unavailable(sockdir: Path) -> None:
                 seconds=60,
                 nodes=1,
             )
-        assert daemon.credit_held == {5}
+        assert set(daemon.credit_held) == {5}
 
 
 def test_a_top_up_reaches_job_submit_through_the_refreshed_snapshot(client, tx) -> None:

@@ -24,7 +24,7 @@ from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurm_hooks.hooks import HookConfig, hook_settings, load_config, main
 from tests.fakedaemon import CLOSE, HANG, FakeDaemon, Responder
 from tests.fakedaemon import sockdir as sockdir
-from tests.test_hooks import FakeSlurm, ctld_env, hold_object, job_line, ok, refused, show
+from tests.test_hooks import FakeSlurm, ctld_env, hold_object, ok, queue, queue_line, refused
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def test_prolog_slurmctld_holds_through_the_backup_when_the_primary_is_gone(
         f'[daemon]\nsockets = ["{sockdir / "primary.sock"}", "{backup.path}"]\ntimeout_seconds = 1\n'
         '[policy]\non_ledger_unreachable = "reject"\n[slurm]\nbin_dir = "/usr/bin"\n'
     )
-    slurm = FakeSlurm({show(5): job_line()})  # no `scontrol update`: the job is not held
+    slurm = FakeSlurm({queue(5): queue_line()})  # no `scontrol update`: the job is not held
     lines: list[str] = []
     rc = main(["prolog-slurmctld"], environ=ctld_env(str(path)), runner=slurm, log=lines.append)
     assert rc == 0, lines

@@ -23,6 +23,7 @@ import pytest
 
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurm_hooks.hooks import (
+    NEVER_FITS,
     SETTINGS_VARIABLE,
     UNREACHABLE_REASON,
     CommandError,
@@ -34,6 +35,7 @@ from slurm_hooks.hooks import (
     registry_path,
     run_command,
 )
+from slurm_hooks.squeue import squeue_argv
 from tests.fakedaemon import CLOSE, HANG, FakeDaemon, Responder
 from tests.fakedaemon import fake_daemon as fake_daemon
 from tests.fakedaemon import sockdir as sockdir
@@ -194,7 +196,8 @@ def test_prolog_slurmctld_run_leaves_out_slow_stdlib_modules(
         settings = json.dumps(hook_settings(tomllib.load(f)))
     code = (
         "from slurm_hooks import hooks\n"
-        f"rc = hooks.main(['prolog-slurmctld'], environ=ENV, runner=lambda argv: {job_line()!r}, log=print)\n"
+        f"rc = hooks.main(['prolog-slurmctld'], environ=ENV, runner=lambda argv: {queue_line()!r},"
+        " log=print)\n"
         "assert rc == 0, rc\n"
     )
     env = ctld_env(path)
@@ -274,6 +277,49 @@ def job_line(
         f"StdOut=/home/alice/slurm-{job_id}.out Power=\n"
     )
 
+
+SQUEUE = "/usr/bin/squeue"
+
+
+def queue(job_spec: int | str) -> tuple[str, ...]:
+    """The ctld hooks' read of one job (slurm_hooks/squeue.py)."""
+    return tuple(squeue_argv(SQUEUE, str(job_spec)))
+
+
+def queue_line(
+    job_id: int = 5,
+    *,
+    state: str = "CONFIGURING",
+    restarts: int = 0,
+    time_limit: str = "15:00",
+    submit: str = "2026-12-02T10:00:00",
+    start: str = "2026-12-02T10:00:01",
+    end: str = "2026-12-02T10:15:01",
+    tres: str = "cpu=1,node=1,billing=31,gres/gpu=2,gres/gpu:a100=1,gres/gpu:h100=1",
+    node_list: str = "node1",
+    num_nodes: int = 1,
+    account: str = "physics",
+    het: tuple[int, int] | None = None,
+    array: tuple[int, int] | None = None,
+) -> str:
+    """A `squeue --Format` line of SQUEUE_FIELDS in Slurm 22.05.8's format."""
+    het_id, het_offset = ("N/A", "N/A") if het is None else map(str, het)
+    array_id, task_id = (str(job_id), "N/A") if array is None else map(str, array)
+    values = [
+        str(job_id), het_id, het_offset, array_id, task_id, str(restarts), state, time_limit, submit, start,
+        end, "alice", "1001", account, "debug", str(num_nodes), node_list, tres,
+    ]  # fmt: skip
+    return "".join(f"{value}|" for value in values) + "\n"
+
+
+NO_GPU_QUEUE = queue_line(30, tres="cpu=1,node=1,billing=1")
+MIXED_TWO_NODES_QUEUE = queue_line(
+    12,
+    state="RUNNING",
+    tres="cpu=2,node=2,billing=102,gres/gpu=6,gres/gpu:a100=2,gres/gpu:h100=4",
+    node_list="node[1-2]",
+    num_nodes=2,
+)
 
 NO_GPU_LINE = job_line(30, tres="cpu=1,node=1,billing=1", job_gres="(null)", groups=(("node1", ""),))
 
@@ -364,7 +410,7 @@ def test_prolog_slurmctld_takes_a_hold(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object()))
-    slurm = FakeSlurm({show(5): job_line()})
+    slurm = FakeSlurm({queue(5): queue_line()})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert daemon.requests == [
@@ -384,7 +430,7 @@ def test_prolog_slurmctld_takes_a_hold(
             "stdout": "/home/alice/slurm-5.out",
         }
     ]
-    assert slurm.calls == [list(show(5))]
+    assert slurm.calls == [list(queue(5))]
     assert len(lines) == 1
     assert lines[0].startswith("gpucredit[prolog-slurmctld] job=5 run=0: hold h-1 of 1.40 credits")
 
@@ -394,11 +440,11 @@ def test_prolog_slurmctld_refusal_holds_the_job_with_the_reason(
 ) -> None:
     message = "needs 1.40 credits, 0.20 available in physics; top up at https://portal/physics"
     daemon = fake_daemon(lambda _: refused("insufficient_credits", message))
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, message): ""})
+    slurm = FakeSlurm({queue(5): queue_line(), hold_argv(5, message): ""})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 1
     assert len(daemon.requests) == 1
-    assert slurm.calls == [list(show(5)), list(hold_argv(5, message))]
+    assert slurm.calls == [list(queue(5)), list(hold_argv(5, message))]
     assert lines == [
         f"gpucredit[prolog-slurmctld] job=5 run=0: refused (insufficient_credits): {message}; job held"
     ]
@@ -409,7 +455,7 @@ def test_prolog_slurmctld_refusal_for_a_limit(
 ) -> None:
     message = "concurrent GPUs for alice: 5 > 4"
     fake_daemon(lambda _: refused("concurrent_gpus", message, current=5, cap=4))
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, message): ""})
+    slurm = FakeSlurm({queue(5): queue_line(), hold_argv(5, message): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
     assert rc == 1
     assert slurm.calls[1:] == [list(hold_argv(5, message))]
@@ -418,18 +464,18 @@ def test_prolog_slurmctld_refusal_for_a_limit(
 def test_prolog_slurmctld_unreachable_under_policy_reject(
     config: Callable[..., str],
 ) -> None:
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({queue(5): queue_line(), hold_argv(5, UNREACHABLE_REASON): ""})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
-    assert slurm.calls == [list(show(5)), list(hold_argv(5, UNREACHABLE_REASON))]
+    assert slurm.calls == [list(queue(5)), list(hold_argv(5, UNREACHABLE_REASON))]
     assert "ledger unreachable" in lines[0] and "site policy is reject; job held" in lines[0]
 
 
 def test_prolog_slurmctld_unreachable_under_policy_accept(config: Callable[..., str]) -> None:
-    slurm = FakeSlurm({show(5): job_line()})
+    slurm = FakeSlurm({queue(5): queue_line()})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept")), slurm)
     assert rc == 0
-    assert slurm.calls == [list(show(5))]
+    assert slurm.calls == [list(queue(5))]
     assert "runs by site policy (accept)" in lines[0]
 
 
@@ -437,7 +483,7 @@ def test_prolog_slurmctld_timeout_follows_policy(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     fake_daemon(lambda _: HANG)
-    slurm = FakeSlurm({show(5): job_line()})
+    slurm = FakeSlurm({queue(5): queue_line()})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept", timeout=0.2)), slurm)
     assert rc == 0
     assert "no reply" in lines[0]
@@ -448,7 +494,7 @@ def test_prolog_slurmctld_garbled_or_unavailable_follows_policy(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], reply: Any
 ) -> None:
     fake_daemon(lambda _: reply)
-    slurm = FakeSlurm({show(5): job_line(), hold_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({queue(5): queue_line(), hold_argv(5, UNREACHABLE_REASON): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
     assert slurm.calls[1] == list(hold_argv(5, UNREACHABLE_REASON))
@@ -458,7 +504,7 @@ def test_prolog_slurmctld_without_gpus_does_not_call_the_daemon(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object()))
-    slurm = FakeSlurm({show(30): NO_GPU_LINE})
+    slurm = FakeSlurm({queue(30): NO_GPU_QUEUE})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config(), job_id=30), slurm)
     assert rc == 0
     assert daemon.requests == []
@@ -469,8 +515,8 @@ def test_prolog_slurmctld_second_run_unlimited_two_nodes(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object(job_id=12, run=2)))
-    line = MIXED_TWO_NODES.replace("TimeLimit=00:15:00", "TimeLimit=UNLIMITED")
-    slurm = FakeSlurm({show(12): line})
+    line = MIXED_TWO_NODES_QUEUE.replace("|15:00|", "|UNLIMITED|")
+    slurm = FakeSlurm({queue(12): line})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config(), job_id=12, restart=2), slurm)
     assert rc == 0
     request = daemon.requests[0]
@@ -482,46 +528,144 @@ def test_prolog_slurmctld_second_run_unlimited_two_nodes(
 
 
 def test_prolog_slurmctld_scontrol_failure_follows_policy(config: Callable[..., str]) -> None:
-    failure = CommandError(list(show(5)), 1, "slurm_load_jobs error: Socket timed out")
-    slurm = FakeSlurm({show(5): failure})
+    failure = CommandError(list(queue(5)), 1, "slurm_load_jobs error: Socket timed out")
+    slurm = FakeSlurm({queue(5): failure})
     rc, lines = run_hook("prolog-slurmctld", ctld_env(config("accept")), slurm)
     assert rc == 0
-    assert "scontrol failed" in lines[0]
+    assert "squeue failed" in lines[0]
 
-    slurm = FakeSlurm({show(5): failure, hold_argv(5, UNREACHABLE_REASON): ""})
+    slurm = FakeSlurm({queue(5): failure, hold_argv(5, UNREACHABLE_REASON): ""})
     rc, _ = run_hook("prolog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 1
     assert slurm.calls[1] == list(hold_argv(5, UNREACHABLE_REASON))
 
 
-def test_prolog_slurmctld_ambiguous_scontrol_holds_even_under_accept(
-    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        # A line of another shape (a field short): never read by position.
+        (queue_line().replace("|15:00|", "|"), "expected 18 '|'-ended fields, got 17"),
+        # Typed GPUs above the total: Slurm's own inconsistency, not guessed at.
+        (
+            queue_line(tres="cpu=1,gres/gpu=1,gres/gpu:a100=1,gres/gpu:h100=1"),
+            "typed GPU counts {'a100': 1, 'h100': 1} exceed the gres/gpu total 1",
+        ),
+        # squeue answered for another job, or twice for this one.
+        (queue_line(6), "squeue listed job 5 0 times, not once"),
+        (queue_line() + queue_line(), "squeue listed job 5 2 times, not once"),
+    ],
+)
+def test_prolog_slurmctld_unreadable_squeue_holds_for_an_admin_even_under_accept(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], answer: str, problem: str
 ) -> None:
-    # `sbatch -J "x TimeLimit=00:00:01"` must not shrink the hold.
     daemon = fake_daemon(lambda _: ok(hold_object()))
-    sneaky = job_line().replace("JobName=wrap", "JobName=x TimeLimit=00:00:01")
     calls: list[list[str]] = []
 
     def runner(argv: Any) -> str:
-        argv = list(argv)
-        calls.append(argv)
-        if tuple(argv) == show(5):
-            return sneaky
-        if argv[:3] == [SCONTROL, "update", "jobid=5"]:
+        calls.append(list(argv))
+        if tuple(argv) == queue(5):
+            return answer
+        if list(argv[:4]) == [SCONTROL, "update", "jobid=5", "priority=0"]:
             return ""
         raise AssertionError(f"unexpected command {argv}")
 
     lines: list[str] = []
-    rc = main(
-        ["prolog-slurmctld"], environ=ctld_env(config("accept")), runner=runner, log=lines.append, tz=UTC
-    )
+    env = ctld_env(config("accept"))
+    rc = main(["prolog-slurmctld"], environ=env, runner=runner, log=lines.append, tz=UTC)
     assert rc == 1
     assert daemon.requests == []
-    assert calls[1][:4] == [SCONTROL, "update", "jobid=5", "priority=0"]
-    comment = calls[1][4]
-    assert comment.startswith("comment=gpucredit: cannot read this job's GPU request")
-    assert "=" not in comment[len("comment=") :]
-    assert "unreadable" in lines[0]
+    comment, admin_comment = calls[1][4:]
+    problem = problem.replace("=", ":")  # a comment holds no "="
+    assert comment.startswith(f"comment=gpucredit: cannot read this job's GPU request ({problem}")
+    assert admin_comment == "admincomment=gpucredit-unreadable"  # the daemon never releases it
+    assert "squeue output unreadable" in lines[0] and lines[0].endswith("; job held")
+
+
+@pytest.mark.parametrize(
+    "name", ["y\nz", "x TimeLimit=00:00:01", "a\nJobId=5 TRES=gres/gpu=0|1|2|", "\u2028\x1c"]
+)
+def test_prolog_slurmctld_bills_what_squeue_says_whatever_the_job_name(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], name: str
+) -> None:
+    """The name (any user text) is in the environment only, never in what is read."""
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    slurm = FakeSlurm({queue(5): queue_line()})
+    rc, _ = run_hook("prolog-slurmctld", ctld_env(config(), SLURM_JOB_NAME=name), slurm)
+    assert rc == 0
+    assert (daemon.requests[0]["gpus"], daemon.requests[0]["seconds"]) == ({"a100": 1, "h100": 1}, 900)
+
+
+def test_prolog_slurmctld_output_path_expands_the_pattern(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    daemon = fake_daemon(lambda _: ok(hold_object()))
+    env = ctld_env(config(), SLURM_JOB_STDOUT="logs/%x-%j.%u.out", SLURM_JOB_NAME="train")
+    run_hook("prolog-slurmctld", env, FakeSlurm({queue(5): queue_line()}))
+    del env["SLURM_JOB_STDOUT"]  # not given: Slurm's default name
+    run_hook("prolog-slurmctld", env, FakeSlurm({queue(5): queue_line()}))
+    assert [r["stdout"] for r in daemon.requests] == [
+        "/home/alice/logs/train-5.alice.out",
+        "/home/alice/slurm-5.out",
+    ]
+
+
+HET_PARTS = queue_line(8, het=(8, 0), tres="cpu=1,node=1,gres/gpu=1,gres/gpu:a100=1") + queue_line(
+    9, het=(8, 1), tres="cpu=1,node=1,gres/gpu=2,gres/gpu:h100=2", node_list="node2", account="chemistry"
+)
+
+
+@pytest.mark.parametrize("job_id", [8, 9])
+def test_prolog_slurmctld_holds_a_hetjobs_parts_together(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], job_id: int
+) -> None:
+    holds = [hold_object(id=1, job_id=8, amount="0.50"), hold_object(id=2, job_id=9, amount="1.80")]
+    daemon = fake_daemon(lambda _: ok({"holds": holds}))
+    mine = HET_PARTS.splitlines(keepends=True)[job_id - 8]
+    slurm = FakeSlurm({queue(job_id): mine, queue(8): HET_PARTS})
+    account = "physics" if job_id == 8 else "chemistry"
+    env = ctld_env(config(), job_id=job_id, SLURM_HET_JOB_ID="8", SLURM_HET_JOB_OFFSET=str(job_id - 8))
+    rc, lines = run_hook("prolog-slurmctld", {**env, "SLURM_JOB_ACCOUNT": account}, slurm)
+    assert rc == 0
+    (request,) = daemon.requests
+    assert request["op"] == "hold_together"
+    parts = request["parts"]
+    assert [(p["job_id"], p["account"], p["gpus"]) for p in parts] == [
+        (8, "physics", {"a100": 1}),
+        (9, "chemistry", {"h100": 2}),
+    ]
+    # The environment names this run's part (its account, stdout); the others come from squeue.
+    assert [p["stdout"] is not None for p in parts] == [job_id == 8, job_id == 9]
+    amount = "0.50" if job_id == 8 else "1.80"
+    assert lines[0].startswith(
+        f"gpucredit[prolog-slurmctld] job={job_id} run=0: hold {job_id - 7} of {amount}"
+    )
+    assert lines[0].endswith("(with the other parts of heterogeneous job 8)")
+
+
+def test_prolog_slurmctld_refused_hetjob_is_held_by_its_leader(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    message = "account chemistry: this job needs 1.80 credits but 0.20 are available"
+    fake_daemon(lambda _: refused("insufficient_credits", message))
+    mine = HET_PARTS.splitlines(keepends=True)[1]
+    slurm = FakeSlurm({queue(9): mine, queue(8): HET_PARTS, hold_argv(8, message): ""})
+    env = ctld_env(config(), job_id=9, SLURM_HET_JOB_ID="8", SLURM_HET_JOB_OFFSET="1")
+    rc, _ = run_hook("prolog-slurmctld", env, slurm)
+    assert rc == 1
+    assert slurm.calls[-1] == list(hold_argv(8, message))
+
+
+def test_prolog_slurmctld_a_job_over_a_cap_on_its_own_is_told_it_never_fits(
+    fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
+) -> None:
+    message = "user alice in account physics: 0.67 credits today would exceed the daily cap of 0.50"
+    fake_daemon(lambda _: refused("daily_cap", message, alone=True))
+    reason = message + NEVER_FITS
+    slurm = FakeSlurm({queue(5): queue_line(), hold_argv(5, reason): ""})
+    rc, lines = run_hook("prolog-slurmctld", ctld_env(config()), slurm)
+    assert rc == 1
+    assert slurm.calls[-1] == list(hold_argv(5, reason))
+    assert "cannot start until the cap is raised" in lines[0]
 
 
 def test_prolog_slurmctld_hold_command_failure_is_logged(
@@ -530,7 +674,7 @@ def test_prolog_slurmctld_hold_command_failure_is_logged(
     fake_daemon(lambda _: refused("insufficient_credits", "no credit"))
     slurm = FakeSlurm(
         {
-            show(5): job_line(),
+            queue(5): queue_line(),
             hold_argv(5, "no credit"): CommandError(
                 list(hold_argv(5, "no credit")), 1, "Job is no longer pending"
             ),
@@ -544,7 +688,7 @@ def test_prolog_slurmctld_hold_command_failure_is_logged(
 
 def test_prolog_slurmctld_internal_error_follows_policy(config: Callable[..., str]) -> None:
     def broken(argv: Any) -> str:
-        if list(argv)[1] == "show":
+        if argv[0] == SQUEUE:
             raise RuntimeError("boom")
         return ""
 
@@ -563,8 +707,8 @@ def test_epilog_slurmctld_settles_with_the_runs_real_times(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object(state="settled", charged="0.84")))
-    line = job_line(state="COMPLETING", end="2026-12-02T10:09:01")
-    slurm = FakeSlurm({show(5): line})
+    line = queue_line(state="COMPLETING", end="2026-12-02T10:09:01")
+    slurm = FakeSlurm({queue(5): line})
     rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert daemon.requests == [
@@ -592,7 +736,7 @@ def test_epilog_slurmctld_end_unknown_or_future_is_now(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str], start: str, end: str
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object(state="settled")))
-    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", start=start, end=end)})
+    slurm = FakeSlurm({queue(5): queue_line(state="COMPLETING", start=start, end=end)})
     rc, _ = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert daemon.requests[0]["end"] == "2026-12-02T10:30:00Z"
@@ -604,8 +748,8 @@ def test_epilog_slurmctld_after_a_requeue_ends_the_run_at_the_requeue(
     """docs/slurm-facts.md §11: StartTime is the requeue moment, EndTime that plus the limit;
     the run ended at the requeue, and its start is the one the prolog recorded."""
     daemon = fake_daemon(lambda _: ok(hold_object(state="settled")))
-    line = job_line(state="COMPLETING", restarts=1, start="2026-12-02T10:20:07", end="2026-12-02T10:35:07")
-    rc, _ = run_hook("epilog-slurmctld", ctld_env(config(), restart=1), FakeSlurm({show(5): line}))
+    line = queue_line(state="COMPLETING", restarts=1, start="2026-12-02T10:20:07", end="2026-12-02T10:35:07")
+    rc, _ = run_hook("epilog-slurmctld", ctld_env(config(), restart=1), FakeSlurm({queue(5): line}))
     assert rc == 0
     assert (daemon.requests[0]["start"], daemon.requests[0]["end"]) == (None, "2026-12-02T10:20:07Z")
 
@@ -614,7 +758,7 @@ def test_epilog_slurmctld_requeued_run_uses_its_restart_count(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object(run=1)))
-    slurm = FakeSlurm({show(5): job_line(state="COMPLETING", restarts=1)})
+    slurm = FakeSlurm({queue(5): queue_line(state="COMPLETING", restarts=1)})
     run_hook("epilog-slurmctld", ctld_env(config(), restart=1), slurm)
     assert daemon.requests[0]["run"] == 1
 
@@ -623,14 +767,14 @@ def test_epilog_slurmctld_not_found_is_fine(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     fake_daemon(lambda _: refused("not_found", "no hold for lab/5/0"))
-    slurm = FakeSlurm({show(5): job_line(state="COMPLETING")})
+    slurm = FakeSlurm({queue(5): queue_line(state="COMPLETING")})
     rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert lines == ["gpucredit[epilog-slurmctld] job=5 run=0: no hold for this run; nothing to settle"]
 
 
 def test_epilog_slurmctld_unreachable_exits_zero(config: Callable[..., str]) -> None:
-    slurm = FakeSlurm({show(5): job_line(state="COMPLETING")})
+    slurm = FakeSlurm({queue(5): queue_line(state="COMPLETING")})
     rc, lines = run_hook("epilog-slurmctld", ctld_env(config("reject")), slurm)
     assert rc == 0
     assert "the bridge will reconcile" in lines[0]
@@ -640,7 +784,7 @@ def test_epilog_slurmctld_without_gpus_does_not_call(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object()))
-    slurm = FakeSlurm({show(30): NO_GPU_LINE})
+    slurm = FakeSlurm({queue(30): NO_GPU_QUEUE})
     rc, _ = run_hook("epilog-slurmctld", ctld_env(config(), job_id=30), slurm)
     assert rc == 0
     assert daemon.requests == []
@@ -650,7 +794,7 @@ def test_epilog_slurmctld_scontrol_failure_settles_at_now(
     fake_daemon: Callable[[Responder], FakeDaemon], config: Callable[..., str]
 ) -> None:
     daemon = fake_daemon(lambda _: ok(hold_object()))
-    slurm = FakeSlurm({show(5): CommandError(list(show(5)), 1, "Invalid job id")})
+    slurm = FakeSlurm({queue(5): CommandError(list(queue(5)), 1, "Invalid job id")})
     rc, lines = run_hook("epilog-slurmctld", ctld_env(config()), slurm)
     assert rc == 0
     assert daemon.requests[0]["start"] is None
@@ -813,7 +957,7 @@ def test_cluster_falls_back_to_the_config(
     daemon = fake_daemon(lambda _: ok(hold_object()))
     env = ctld_env(config())
     del env["SLURM_CLUSTER_NAME"]
-    run_hook("prolog-slurmctld", env, FakeSlurm({show(5): job_line()}))
+    run_hook("prolog-slurmctld", env, FakeSlurm({queue(5): queue_line()}))
     assert daemon.requests[0]["cluster"] == "fromconfig"
 
 

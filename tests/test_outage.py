@@ -41,12 +41,12 @@ from slurm_hooks.outage_spool import (
     write_sheet,
 )
 from tests.fakedaemon import sockdir as sockdir
-from tests.test_hooks import FakeSlurm, ctld_env, hold_argv, job_line, show
+from tests.test_hooks import FakeSlurm, ctld_env, hold_argv, queue, queue_line
 from tests.test_reconcile import synthetic
 
 NOW = datetime(2026, 12, 2, 10, 30, 0, tzinfo=UTC)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-# a100 2.00 and h100 4.00 credits per GPU-hour: job_line's 1×a100 + 1×h100 burns 6.00/h,
+# a100 2.00 and h100 4.00 credits per GPU-hour: queue_line's 1×a100 + 1×h100 burns 6.00/h,
 # so its 15-minute limit is estimated at 1.50 credits.
 SHEET = {"prices": {"a100": 2_000_000, "h100": 4_000_000}, "partition_prices": {}}
 HELD_TAIL = "job held by site policy until the ledger returns"
@@ -86,15 +86,15 @@ def config(tmp_path: Path, sockdir: Path, outage_dir: Path) -> Callable[..., str
 
 
 def prolog(path: str, job_id: int, account: str = "physics", **line: Any) -> tuple[int, list[str], FakeSlurm]:
-    return _hook("prolog-slurmctld", path, job_id, account, job_line(job_id, **line))
+    return _hook("prolog-slurmctld", path, job_id, account, queue_line(job_id, **line))
 
 
 def epilog(path: str, job_id: int, **line: Any) -> tuple[int, list[str], FakeSlurm]:
-    return _hook("epilog-slurmctld", path, job_id, "physics", job_line(job_id, state="COMPLETING", **line))
+    return _hook("epilog-slurmctld", path, job_id, "physics", queue_line(job_id, state="COMPLETING", **line))
 
 
 def _hook(name: str, path: str, job_id: int, account: str, line: str) -> tuple[int, list[str], FakeSlurm]:
-    answers: dict[tuple[str, ...], Any] = {show(job_id): line}
+    answers: dict[tuple[str, ...], Any] = {queue(job_id): line}
     slurm = _HoldingSlurm(answers)
     lines: list[str] = []
     env = ctld_env(path, job_id=job_id, SLURM_JOB_ACCOUNT=account)
@@ -138,7 +138,7 @@ def test_accept_admits_up_to_the_account_line_then_holds_with_the_reason(
     for job_id in (5, 6):
         rc, lines, slurm = prolog(path, job_id)
         assert rc == 0, lines
-        assert slurm.calls == [list(show(job_id))]  # nothing held
+        assert slurm.calls == [list(queue(job_id))]  # nothing held
         assert lines[-1].endswith(
             f"job runs by site policy (accept); spooled at ~1.50 credits in {outage_dir / RUNS}"
         )
@@ -148,7 +148,7 @@ def test_accept_admits_up_to_the_account_line_then_holds_with_the_reason(
         f"with this job (~1.50); {HELD_TAIL}"
     )
     assert rc == 1
-    assert slurm.calls == [list(show(7)), list(hold_argv(7, reason))]
+    assert slurm.calls == [list(queue(7)), list(hold_argv(7, reason))]
     assert lines[-1].endswith(f"site policy is accept: {reason}; job held")
     # Another account has a line of its own.
     rc, _lines, _slurm = prolog(path, 8, account="chemistry")
@@ -234,9 +234,10 @@ def test_the_spool_survives_a_crash(config: Callable[..., str], outage_dir: Path
         "import os, sys\n"
         "from datetime import UTC, datetime\n"
         "from slurm_hooks.hooks import main\n"
-        f"from tests.test_hooks import ctld_env, job_line, show\n"
+        f"from tests.test_hooks import ctld_env, queue_line\n"
         f"env = ctld_env({path!r}, job_id=5)\n"
-        "rc = main(['prolog-slurmctld'], environ=env, runner=lambda argv: job_line(5), log=lambda line: None,"
+        "rc = main(['prolog-slurmctld'], environ=env, runner=lambda argv: queue_line(5),"
+        " log=lambda line: None,"
         " now=lambda: datetime(2026, 12, 2, 10, 30, tzinfo=UTC), tz=UTC)\n"
         "os._exit(40 + rc)\n"
     )

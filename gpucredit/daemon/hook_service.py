@@ -1,7 +1,12 @@
 """The daemon's side of the hooks: hold at PrologSlurmctld, settle at EpilogSlurmctld,
-and release jobs that were held for lack of credit once their account can pay.
+and release jobs that were held for credit or a limit once their holds would be taken.
 
 Runs inside `gpucredit daemon` (which owns the database), never in a hook process.
+
+Releasing is decided by the hold's own rules (`api.hold_refusal`: the holds tried in a
+SAVEPOINT and rolled back), never by a part of them: a job released because its account
+could pay while a daily cap or spend rate still refused it was refused again at its
+next start, requeued, released, ... every ~11 s, forever for a job over a cap on its own.
 """
 
 from __future__ import annotations
@@ -13,12 +18,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from accounting_bridge.sacct import parse_squeue_json
+from accounting_bridge.sacct import SqueueJob
 from ledger import api
 from ledger.errors import InvalidInput, LedgerError, NotFound
 from ledger.timeutil import parse_time, utcnow
 from slurm_hooks.hooks import HOLD_ADMIN_COMMENT
-from slurm_hooks.scontrol import ScontrolParseError, parse_job
 
 log = logging.getLogger("gpucredit.daemon")
 
@@ -32,6 +36,34 @@ def hold(
     `lease_seconds` (holds.mode = "lease") the hold covers that window (ledger.leases)."""
     account, arguments = _hold_arguments(request, grace_seconds, lease_seconds)
     return api.create_hold(s, account, **arguments).as_dict()
+
+
+def hold_together(
+    s: Session, request: Mapping[str, Any], *, grace_seconds: int, lease_seconds: int | None = None
+) -> dict[str, Any]:
+    """Reserve credit for every part of a heterogeneous job, or refuse and reserve none
+    (`request["parts"]`: one hold request each). Answered {"holds": [hold, ...]}."""
+    parts = _parts(request, grace_seconds, lease_seconds)
+    return {"holds": [hold.as_dict() for hold in api.create_holds_together(s, parts)]}
+
+
+def _parts(request: Mapping[str, Any], grace_seconds: int, lease_seconds: int | None) -> list[dict[str, Any]]:
+    parts = request.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
+        raise InvalidInput("hold_together needs 'parts': a list of hold requests", code="invalid_request")
+    arguments = []
+    for part in parts:
+        account, keywords = _hold_arguments(part, grace_seconds, lease_seconds)
+        arguments.append({"account": account, **keywords})
+    return arguments
+
+
+def part_accounts(request: Mapping[str, Any]) -> set[str]:
+    """The accounts a hold_together request names (the group commit locks them first)."""
+    parts = request.get("parts")
+    if not isinstance(parts, list):
+        return set()
+    return {p["account"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("account"), str)}
 
 
 def _hold_arguments(
@@ -169,59 +201,74 @@ def _time(value: Any) -> datetime | None:
     return None if value in (None, "") else parse_time(str(value))
 
 
-def credit_held_jobs(run: Runner) -> set[int]:
-    """Pending jobs that the prolog held for credit, marked in AdminComment (users cannot
-    edit it).
+def held_jobs(jobs: Sequence[SqueueJob]) -> dict[str, list[SqueueJob]]:
+    """The pending jobs the prolog held for credit or a limit, by the spec `scontrol
+    release` takes: a heterogeneous job's parts together under its leader's id, an array
+    task as ARRAYID_TASKID, else the job id.
 
-    Read from `squeue --json`, where the mark is a field of its own: in scontrol's
+    The mark is AdminComment as `squeue --json` has it, a field of its own: in scontrol's
     one-line text a user can write ` AdminComment=gpucredit-hold` into a job name, a work
-    directory or a comment, and when the job has no real AdminComment the text cannot
-    tell (docs/slurm-facts.md §13). A full dump of every job: the daemon runs it rarely.
+    directory or a comment (docs/slurm-facts.md §13). A job held because its request
+    could not be read carries another mark and is left to an admin.
     """
-    result = parse_squeue_json(run(["squeue", "--json"]))
-    for error in result.errors:
-        log.warning("squeue --json: %s", error)
+    held: dict[str, list[SqueueJob]] = {}
+    marked = {job.het_job_id for job in jobs if job.het_job_id and _held_by_us(job)}
+    for job in jobs:
+        if job.het_job_id:
+            if job.het_job_id in marked:
+                held.setdefault(str(job.het_job_id), []).append(job)
+        elif _held_by_us(job):
+            spec = (
+                f"{job.array_job_id}_{job.array_task_id}"
+                if job.array_job_id is not None and job.array_task_id is not None
+                else str(job.job_id)
+            )
+            held.setdefault(spec, []).append(job)
+    return held
+
+
+def _held_by_us(job: SqueueJob) -> bool:
+    return job.state == "PENDING" and job.admin_comment == HOLD_ADMIN_COMMENT
+
+
+def release_request(
+    job: SqueueJob, typed: Callable[[Mapping[str, int], str | None], dict[str, int]]
+) -> dict[str, Any]:
+    """A held job's hold request as its prolog would send it, from what squeue says now
+    (the user may have changed the job while it waited). `typed` prices untyped GPUs
+    (Slurm picks their type only at allocation) as job_submit does: the dearest type."""
+    gpus = dict(job.gpus or job.requested_gpus)
     return {
-        job.job_id
-        for job in result.jobs
-        if job.state == "PENDING" and job.admin_comment == HOLD_ADMIN_COMMENT
+        "cluster": job.cluster,
+        "job_id": job.job_id,
+        "run": job.run,
+        "account": job.account,
+        "user": job.user,
+        "partition": job.partition or None,
+        "gpus": typed(gpus, job.partition or None),
+        "seconds": job.time_limit_seconds,
+        "submit": job.submit.strftime("%Y-%m-%dT%H:%M:%SZ") if job.submit else None,
     }
 
 
-def release_if_affordable(
-    session_factory: Callable[[], Any], run: Runner, job_id: int, marked: Callable[[], set[int]]
-) -> str:
-    """Release one credit-held job if its account can pay now.
+def hold_refusal(
+    session_factory: Callable[[], Any],
+    requests: Sequence[Mapping[str, Any]],
+    *,
+    grace_seconds: int,
+    lease_seconds: int | None = None,
+) -> LedgerError | None:
+    """What the prolog would be told now for these parts: None when their holds would be
+    taken (nothing is written either way)."""
+    try:
+        parts = _parts({"parts": list(requests)}, grace_seconds, lease_seconds)
+    except LedgerError as error:
+        return error
+    with session_factory() as s, s.begin():
+        return api.hold_refusal(s, parts)
 
-    `marked()` returns the jobs `credit_held_jobs` finds held by us; it is asked only
-    for a job that would be released (callers cache it per round, as it dumps every
-    job). Returns 'released', 'waiting' (still held), or 'gone' (no longer held by us).
-    The runner's errors propagate: the caller decides how to retry.
-    """
-    try:
-        job = parse_job(run(["scontrol", "show", "job", "-d", "-o", str(job_id)]), job_id)
-    except ScontrolParseError as error:
-        log.warning("job %s: cannot read it (%s)", job_id, error)
-        return "gone"
-    # The text's AdminComment is only a cheap first filter (see credit_held_jobs).
-    if job.state != "PENDING" or job.fields.get("AdminComment") != HOLD_ADMIN_COMMENT:
-        return "gone"
-    if not job.gpus or job.account is None or job.time_limit_seconds is None:
-        return "waiting"
-    try:
-        with session_factory() as s, s.begin():
-            quote = api.quote(s, job.account, job.gpus, job.time_limit_seconds, partition=job.partition)
-    except (NotFound, InvalidInput) as error:
-        log.warning("job %s: %s; left held", job_id, error)
-        return "waiting"
-    if not quote["affordable"]:
-        return "waiting"
-    if job_id not in marked():
-        log.warning("job %s: its scontrol text names our hold, but squeue does not; left alone", job_id)
-        return "gone"
-    array_id, task_id = job.fields.get("ArrayJobId"), job.fields.get("ArrayTaskId")
-    spec = f"{array_id}_{task_id}" if array_id and task_id else str(job_id)
+
+def release(run: Runner, spec: str) -> None:
+    """Clear our mark and the reason, then release: the prolog runs again and holds."""
     run(["scontrol", "update", f"jobid={spec}", "comment=", "admincomment="])
     run(["scontrol", "release", spec])
-    log.info("job %s: account %s can pay %s now; released", spec, job.account, quote["cost"])
-    return "released"

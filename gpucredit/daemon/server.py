@@ -11,7 +11,7 @@ retry after a timeout.
 No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slurmctld.
 What a request needs from Slurm (partitions and their GPU types) a background thread
 learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm_facts);
-only background loops run other commands: the release loop (scontrol) and, with
+only background loops run other commands: the release loop (squeue, scontrol) and, with
 `limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
 
 One thread serves the socket (gpucredit.daemon.socket_loop): it answers quotes (`submit`)
@@ -42,6 +42,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from accounting_bridge.limits_keeper import LimitsKeeper
 from accounting_bridge.outage_readback import OutageKeeper
+from accounting_bridge.sacct import parse_squeue_json
 from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
@@ -55,6 +56,7 @@ from ledger.api import LockedBatch, RoutingConfig, Snapshot, SnapshotKeeper, loc
 from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.timeutil import utcnow
+from slurmtext import UNTYPED_GPU
 
 log = logging.getLogger("gpucredit.daemon")
 MAX_REQUEST_BYTES = 64 * 1024
@@ -113,7 +115,10 @@ class Daemon:
             if config["limits_sync"]["in_daemon"]
             else None
         )
-        self.credit_held: set[int] = set()
+        # Jobs held for credit or a limit: job id -> the hold requests of its parts (None
+        # until squeue has been read), so a release round can tell, without Slurm, whether
+        # anything may be released now (see release_loop).
+        self.credit_held: dict[int, list[dict[str, Any]] | None] = {}
         self.batches = GroupCommitter(
             self.sessions,
             {
@@ -121,6 +126,9 @@ class Daemon:
                     s, request, grace_seconds=self.grace_seconds, lease_seconds=self.lease_seconds
                 ),
                 "settle": service.settle,
+                "hold_together": lambda s, request: service.hold_together(
+                    s, request, grace_seconds=self.grace_seconds, lease_seconds=self.lease_seconds
+                ),
             },
             batch_max=config["daemon"]["batch_max"],
             # SQLite has one writer whatever we do; PostgreSQL overlaps batches' round trips.
@@ -140,6 +148,7 @@ class Daemon:
             "submit": self._submit,
             "hold": lambda request: service.reply_result(self.batches.submit("hold", request)),
             "settle": lambda request: service.reply_result(self.batches.submit("settle", request)),
+            "hold_together": lambda request: self.batches.submit("hold_together", request),
             # Node hooks announce GPU registrations; the agent reads the registry files
             # themselves, so the daemon only acknowledges these.
             "job_started": lambda request: {},
@@ -149,13 +158,17 @@ class Daemon:
 
     def _note_refused_hold(self, request: dict[str, Any], error: BaseException) -> None:
         if isinstance(error, (InsufficientCredits, LimitExceeded, BatchFailed, OperationalError, DBAPIError)):
-            # The prolog will hold this job (for credit, or "ledger unreachable"); check it
-            # every release round, so it runs as soon as its account can pay and the
-            # ledger answers, not at the next full scan.
-            job_id = request.get("job_id")
-            if isinstance(job_id, int) and not isinstance(job_id, bool):
-                with self._lock:
-                    self.credit_held.add(job_id)
+            # The prolog will hold this job (for credit, a limit, or "ledger unreachable");
+            # try its holds every release round, so it runs as soon as they would be
+            # taken and the ledger answers, not at the next full scan.
+            parts = request.get("parts") if request.get("op") == "hold_together" else [request]
+            if not isinstance(parts, list):
+                return
+            for part in parts:
+                job_id = part.get("job_id") if isinstance(part, dict) else None
+                if isinstance(job_id, int) and not isinstance(job_id, bool):
+                    with self._lock:
+                        self.credit_held[job_id] = [p for p in parts if isinstance(p, dict)]
 
     def _submit(
         self,
@@ -260,7 +273,7 @@ class Daemon:
                     if error is not None
                     else {"ok": True, "result": service.reply_result(result)}
                 )
-                if op == "hold" and error is not None:
+                if op in ("hold", "hold_together") and error is not None:
                     self._note_refused_hold(request, error)
                 self._observe(request, started, answer)
                 line = _encode(answer)
@@ -301,7 +314,7 @@ class Daemon:
         try:
             return {"ok": True, "result": handler(request)}
         except Exception as error:
-            if request["op"] == "hold":
+            if request["op"] in ("hold", "hold_together"):
                 self._note_refused_hold(request, error)
             return self._refusal(request["op"], error)
 
@@ -320,45 +333,78 @@ class Daemon:
         return _error("unavailable", "the daemon failed on this request; see its log")
 
     def release_loop(self, stop: threading.Event, interval: float) -> None:
-        """Release credit-held jobs whose account can now pay: the jobs this daemon
-        refused are checked every `interval`; a full scan (jobs held while the daemon
-        was down) runs at start and every FULL_SCAN_SECONDS."""
+        """Release held jobs whose holds would be taken now (credit, every limit). A round
+        reads `squeue --json` (every job: 22.05 filters nothing) only when a job this
+        daemon saw refused would now be held, judged from its refused request and the
+        ledger (no Slurm command), or every FULL_SCAN_SECONDS: jobs held while the daemon
+        was down, jobs their owners changed while they waited, a new day's daily caps."""
         last_scan = -FULL_SCAN_SECONDS
         while not stop.is_set():
-            if time.monotonic() - last_scan >= FULL_SCAN_SECONDS:
-                try:
-                    found = service.credit_held_jobs(self.run)
-                    with self._lock:
-                        self.credit_held |= found
-                    last_scan = time.monotonic()
-                except SlurmCommandError as error:
-                    log.warning("scanning for credit-held jobs failed: %s", error)
-            self.release_affordable()
+            full_scan = time.monotonic() - last_scan >= FULL_SCAN_SECONDS
+            try:
+                if full_scan or self._some_would_start():
+                    self.release_startable()
+                    if full_scan:
+                        last_scan = time.monotonic()
+            except (SlurmCommandError, SQLAlchemyError) as error:
+                log.warning("releasing held jobs failed: %s", error)
             stop.wait(interval)
 
-    def release_affordable(self) -> list[int]:
+    def _some_would_start(self) -> bool:
         with self._lock:
-            pending = sorted(self.credit_held)
-        released = []
-        marked: list[set[int]] = []  # this round's squeue --json, read once and only if needed
-
-        def marked_jobs() -> set[int]:
-            if not marked:
-                marked.append(service.credit_held_jobs(self.run))
-            return marked[0]
-
-        for job_id in pending:
-            try:
-                outcome = service.release_if_affordable(self.sessions, self.run, job_id, marked_jobs)
-            except (SlurmCommandError, OperationalError) as error:
-                log.warning("job %s: release check failed: %s", job_id, error)
+            known = [parts for parts in self.credit_held.values() if parts]
+            unknown = any(parts is None for parts in self.credit_held.values())
+        seen: set[int] = set()
+        for parts in known:
+            if id(parts) in seen:  # a heterogeneous job's parts share one list
                 continue
-            if outcome != "waiting":
-                with self._lock:
-                    self.credit_held.discard(job_id)
-            if outcome == "released":
-                released.append(job_id)
+            seen.add(id(parts))
+            if self._hold_refusal(parts) is None:
+                return True
+        return unknown
+
+    def _hold_refusal(self, requests: Sequence[Mapping[str, Any]]) -> LedgerError | None:
+        return service.hold_refusal(
+            self.sessions, requests, grace_seconds=self.grace_seconds, lease_seconds=self.lease_seconds
+        )
+
+    def release_startable(self) -> list[str]:
+        """One round: every job held for credit or a limit (squeue --json) whose holds
+        would be taken now is released; returns the specs released. A job over a cap on
+        its own stays held: its refusal never clears until the cap is raised."""
+        result = parse_squeue_json(self.run(["squeue", "--json"]))
+        for error in result.errors:
+            log.warning("squeue --json: %s", error)
+        held = service.held_jobs(result.jobs)
+        waiting: dict[int, list[dict[str, Any]] | None] = {}
+        released = []
+        for spec, jobs in held.items():
+            requests = [
+                service.release_request(job, self._typed) for job in jobs if job.gpus or job.requested_gpus
+            ]
+            if requests and self._hold_refusal(requests) is None:
+                service.release(self.run, spec)
+                log.info("job %s: its holds would be taken now; released", spec)
+                released.append(spec)
+                continue
+            for job in jobs:
+                waiting[job.job_id] = requests
+        with self._lock:
+            self.credit_held = waiting
         return released
+
+    def _typed(self, gpus: Mapping[str, int], partition: str | None) -> dict[str, int]:
+        """Untyped GPUs priced as job_submit prices them: the dearest type the partition
+        offers (Slurm picks the type only at allocation)."""
+        untyped = gpus.get(UNTYPED_GPU, 0)
+        if not untyped:
+            return dict(gpus)
+        prices = self.snapshots.current().prices
+        offered = self.partition_types(partition) or prices.gpu_types()
+        dearest = prices.dearest(offered, partition, utcnow()) or UNTYPED_GPU
+        typed = {gpu: n for gpu, n in gpus.items() if gpu != UNTYPED_GPU}
+        typed[dearest] = typed.get(dearest, 0) + untyped
+        return typed
 
     def serve(
         self,
@@ -459,6 +505,9 @@ def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> LockedBatch:
     for pending in batch:
         request = pending.request
         try:
+            if pending.op == "hold_together":
+                accounts |= service.part_accounts(request)
+                continue
             if pending.op == "hold":
                 accounts.add(str(request["account"]))
                 new_runs.append((str(request["cluster"]), int(request["job_id"])))
