@@ -116,10 +116,8 @@ HOLD_ADMIN_COMMENT = "gpucredit-hold"
 # (it would be read, and held, again); an admin looks, and releases it by hand.
 UNREADABLE_ADMIN_COMMENT = "gpucredit-unreadable"
 # What a refusal's reason adds when the job breaks a cap on its own (details "alone").
-NEVER_FITS = (
-    " This job alone exceeds the cap, so it cannot start until the cap is raised; "
-    "cancel it (scancel) or ask your PI or admin for a higher cap."
-)
+# Short: the comment holds 240 characters, and the refusal before it ~150.
+NEVER_FITS = " Alone over the cap: it cannot start until the cap is raised (or scancel it)."
 
 Runner = Callable[[Sequence[str]], str]
 LogSink = Callable[[str], None]
