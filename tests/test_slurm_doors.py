@@ -203,10 +203,11 @@ def test_a_job_over_a_cap_on_its_own_is_held_once_and_told_why(cluster: Cluster,
         "of 0.50 (0.00 spent + 0.00 held + 0.666667 for this job) Alone over the cap: it cannot start "
         "until the cap is raised (or scancel it)."
     )
-    first = restarts(cluster, job)
-    time.sleep(12)  # the daemon's release rounds run every second here
+    # Refused once: the prolog's non-zero exit requeued it (Restarts 1) and its hold stuck.
+    wait_for("the requeue of the refused start", lambda: restarts(cluster, job) == 1)
+    time.sleep(15)  # a release would start it again within ~11 s (cred_expire + scheduling)
     info = cluster.box.scontrol_job(job)
-    assert (info["JobState"], info["Reason"], int(info["Restarts"])) == ("PENDING", "JobHeldAdmin", first)
+    assert (info["JobState"], info["Reason"], int(info["Restarts"])) == ("PENDING", "JobHeldAdmin", 1)
     with cluster.tx() as s:
         api.set_limits(s, account, user="alice", daily_cap="1")
     cluster.box.wait_state(job, "COMPLETED", timeout=90)
