@@ -357,6 +357,10 @@ class ChrootBox:
             _wait_until(
                 lambda: not _alive(supervisor), 90, f"Slurm {self.version.name} box supervisor did not stop"
             )
+        if self._supervisor is not None:  # ours (up() without detach): reap it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._supervisor.wait(timeout=10)
+            self._supervisor = None
         # Whatever a dead supervisor left behind (normally nothing).
         leftovers = _processes_in(self.root) if self.root.is_dir() else []
         if leftovers:
