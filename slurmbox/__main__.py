@@ -153,7 +153,11 @@ def _chroot_main(verb: str, version: versions.SlurmVersion, command: Sequence[st
         except rootfs.RootfsError as e:
             raise BoxError(str(e)) from e
     else:
-        box.exec(command, user=user)
+        try:
+            box.exec(command, user=user)
+        except FileNotFoundError:
+            print(f"{command[0]}: command not found in the Slurm {version.name} box", file=sys.stderr)
+            return 127
     return 0
 
 
