@@ -1,0 +1,203 @@
+"""The box per Slurm version (slurmbox.versions, .rootfs, .chroot): what each renders and
+when a cached root filesystem is reused; and, opt-in, a chroot box end to end.
+
+The end-to-end test builds (or reuses) a Debian root filesystem and runs Slurm in it, so
+it runs only for the versions named in GPUCREDIT_BOX_VERSIONS (e.g. "24.11 26.05"): it
+needs root, debootstrap and the network to Debian's registry and PyPI on its first run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmbox import SlurmBox, rootfs, versions
+from slurmbox.__main__ import _options, main
+from slurmbox.chroot import ChrootBox
+
+CHROOT_VERSIONS = [v for v in versions.VERSIONS.values() if v.chroot]
+
+
+def _ports(conf: str) -> dict[str, str]:
+    return dict(re.findall(r"(?m)^(\w+Port)=(\d+)", conf))
+
+
+@pytest.mark.parametrize("version", CHROOT_VERSIONS, ids=lambda v: v.name)
+def test_a_chroot_box_renders_the_host_box_config_on_its_own_ports(version: versions.SlurmVersion) -> None:
+    box = ChrootBox(version)
+    conf = box.render_slurm_conf()
+    host = SlurmBox().render_slurm_conf()
+    base = version.port_base // 100
+    assert _ports(conf) == {
+        "SlurmctldPort": f"{base}17",
+        "SlurmdPort": f"{base}18",
+        "AccountingStoragePort": f"{base}19",
+    }
+    nodes = re.findall(r"(?m)^NodeName=(\w+) .* Port=(\d+) ", conf)
+    assert nodes == [("node1", f"{base}18"), ("node2", f"{base}28"), ("node3", f"{base}38")]
+    # Everything else is the host box's, line for line.
+    assert re.sub(r"Port=\d+", "Port=N", conf) == re.sub(r"Port=\d+", "Port=N", host)
+
+
+@pytest.mark.parametrize("version", CHROOT_VERSIONS, ids=lambda v: v.name)
+def test_a_chroot_box_has_its_own_accounting_database(version: versions.SlurmVersion) -> None:
+    dbd = ChrootBox(version).render_slurmdbd_conf()
+    assert f"StorageLoc={version.db_name}\n" in dbd
+    assert version.db_name != versions.get("22.05").db_name == "slurm_acct_db"
+    assert f"DbdPort={version.port_base // 100}19\n" in dbd
+    assert "StoragePort=3306\n" in dbd  # MariaDB's port is not Slurm's: left alone
+
+
+def test_each_version_has_ports_apart_from_every_other() -> None:
+    seen: dict[int, str] = {}
+    for version in versions.VERSIONS.values():
+        for port in version.ports.values():
+            assert port not in seen, f"{version.name} and {seen.get(port)} share port {port}"
+            seen[port] = version.name
+
+
+def test_the_host_version_is_not_a_chroot() -> None:
+    assert versions.get(versions.DEFAULT).suite is None
+    with pytest.raises(Exception, match="host's box"):
+        ChrootBox(versions.get("22.05"))
+
+
+def test_an_unknown_version_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown Slurm version '23\.02'; known: 22\.05, 24\.11, 26\.05"):
+        versions.get("23.02")
+
+
+def test_newer_versions_write_a_cgroup_conf_that_disables_cgroups() -> None:
+    assert versions.get("22.05").cgroup_conf is None
+    for name in ("24.11", "26.05"):
+        assert "CgroupPlugin=disabled" in (versions.get(name).cgroup_conf or "")
+
+
+# --------------------------------------------------------------------------- the rootfs cache
+
+
+def _fake_root(cache: Path, version: versions.SlurmVersion, key: object) -> Path:
+    root = cache / version.name / "rootfs"
+    root.mkdir(parents=True)
+    (root.with_name("rootfs.json")).write_text(json.dumps({"key": key, "size_bytes": 1}))
+    return root
+
+
+def test_a_root_built_from_the_same_packages_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version = versions.get("24.11")
+    monkeypatch.setattr(rootfs, "CACHE_DIR", tmp_path)
+    _fake_root(tmp_path, version, rootfs.build_key(version))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap: a rebuild would fail
+    assert rootfs.ensure_rootfs(version)["cached"] is True
+
+
+def test_a_root_built_from_other_packages_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    version = versions.get("24.11")
+    monkeypatch.setattr(rootfs, "CACHE_DIR", tmp_path)
+    _fake_root(tmp_path, version, rootfs.build_key(version))
+    monkeypatch.setattr(rootfs, "PACKAGES", (*rootfs.PACKAGES, "slurm-wlm-basic-plugins-dev"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(rootfs.RootfsError, match=r"debootstrap is missing: apt-get install .* debootstrap"):
+        rootfs.ensure_rootfs(version)
+
+
+def test_a_missing_root_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rootfs, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(rootfs.RootfsError, match="debootstrap is missing"):
+        rootfs.ensure_rootfs(versions.get("26.05"))
+
+
+def test_pip_in_the_root_trusts_what_the_hosts_pip_trusts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "site-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("PIP_CERT", str(bundle))
+    assert rootfs.host_ca_bundle() == str(bundle)
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def test_run_takes_version_and_user_before_the_command() -> None:
+    options, command = _options(["--slurm", "24.11", "-u", "alice", "--", "sbatch", "-u", "x"])
+    assert options == {"slurm": "24.11", "user": "alice"}
+    assert command == ["sbatch", "-u", "x"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run"], ["run", "--slurm", "24.11"], ["up", "--", "sinfo"], ["up", "-u", "alice"], ["nothing"]],
+)
+def test_bad_command_lines_print_the_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "usage: python -m slurmbox up|down|status|rootfs [--slurm VERSION]" in capsys.readouterr().err
+
+
+def test_an_unknown_version_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--slurm", "25.11"]) == 2
+    assert "unknown Slurm version '25.11'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- end to end (opt-in)
+
+
+WANTED = os.environ.get("GPUCREDIT_BOX_VERSIONS", "").split()
+
+
+def _holds(box: ChrootBox) -> list[dict[str, str]]:
+    proc = box.run(["gpucredit", "hold", "list", "--format", "csv"])
+    assert proc.returncode == 0, proc.stderr
+    return list(csv.DictReader(io.StringIO(proc.stdout)))
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", WANTED or ["24.11"])
+def test_a_gpu_job_is_quoted_held_and_settled_in_the_version_box(name: str) -> None:
+    if name not in WANTED:
+        pytest.skip("set GPUCREDIT_BOX_VERSIONS='24.11 26.05' to run Slurm in their chroot boxes")
+    box = ChrootBox(versions.get(name))
+    reason = box.cannot_start_reason()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    was_up = box.is_up()
+    box.up()
+    try:
+        assert box.run(["gpucredit", "topup", "physics", "100"]).returncode == 0
+        before = {h["id"] for h in _holds(box)}  # the ledger outlives the box, and job ids repeat
+        submit = [
+            "sbatch",
+            "--parsable",
+            "-A",
+            "physics",
+            "--gres=gpu:h100:1",
+            "-t",
+            "10",
+            "--wrap",
+            "sleep 3",
+        ]
+        sbatch = box.run(submit, user="alice")
+        assert sbatch.returncode == 0, sbatch.stderr
+        assert "gpucredit: ~0.60 credits (1×h100 × 10 min)" in sbatch.stderr
+        job_id = sbatch.stdout.strip()
+        deadline = time.monotonic() + 60
+        new: list[dict[str, str]] = []
+        while time.monotonic() < deadline:
+            new = [h for h in _holds(box) if h["job_id"] == job_id and h["id"] not in before]
+            if new and new[0]["state"] == "settled":
+                break
+            time.sleep(0.5)
+        assert [(h["gpus"], h["amount"], h["state"]) for h in new] == [("h100:1", "0.60", "settled")]
+    finally:
+        if not was_up:
+            box.down()
