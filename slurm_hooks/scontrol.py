@@ -69,6 +69,7 @@ FREE_TEXT_KEYS = frozenset(
         "BurstBufferState",
         "Container",
         "MailUser",
+        "SubmitLine",  # 26.05: the sbatch command line as typed
     }
 )
 
@@ -95,6 +96,9 @@ KNOWN_KEYS = FREE_TEXT_KEYS | frozenset(
         "FedOriginRaw", "FedViaSiblingsRaw", "FedActiveSiblingsRaw", "SelinuxContext",
         "ResvPorts", "Profile", "Gres", "GresEnforceBind", "Cluster",
         "SiblingsActive", "SiblingsViable", "OOMKillStep", "Epilog", "Prolog",
+        # 24.11 and 26.05 (tests/fixtures/slurm-*/scontrol_show_job_d_o)
+        "ReqTRES", "AllocTRES", "SLUID", "Exclusive", "LicensesAlloc", "CronJob", "Segment",
+        "SegmentSize",
     }
 )  # fmt: skip
 
@@ -103,7 +107,7 @@ KNOWN_KEYS = FREE_TEXT_KEYS | frozenset(
 UNIQUE_KEYS = frozenset(
     {
         "JobId", "UserId", "Account", "JobState", "Restarts", "TimeLimit", "SubmitTime", "StartTime",
-        "EndTime", "Partition", "NodeList", "NumNodes", "TRES", "JOB_GRES", "MinCPUsNode",
+        "EndTime", "Partition", "NodeList", "NumNodes", "TRES", "AllocTRES", "JOB_GRES", "MinCPUsNode",
         "AdminComment",
     }
 )  # fmt: skip
@@ -185,8 +189,12 @@ def _select_record(text: str, job_id: int | None) -> str:
 
 
 def _node_groups(pairs: list[tuple[str, str]]) -> dict[str, dict[int, str]]:
+    """Each node's GPU indices, from the `Nodes= ... GRES=` groups right after JOB_GRES
+    (after 22.05's TRES, 24.11's and 26.05's AllocTRES: no free text between)."""
     keys = [key for key, _ in pairs]
-    start = keys.index("TRES") if "TRES" in keys else 0
+    if "JOB_GRES" not in keys:
+        return {}
+    start = keys.index("JOB_GRES")
     node_gpus: dict[str, dict[int, str]] = {}
     current: list[str] = []
     for key, value in pairs[start + 1 :]:
@@ -233,7 +241,10 @@ def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) ->
             uid = int(user)
             user = None
 
-    gpus = gpus_from_tres(parse_tres(fields.get("TRES", "")))
+    # 22.05 prints the job's TRES as TRES=, 24.11 and later as AllocTRES= (and ReqTRES=):
+    # there, a `TRES=` is no key of Slurm's, and only a job name can have put it in.
+    tres = fields["AllocTRES"] if "AllocTRES" in fields else fields.get("TRES", "")
+    gpus = gpus_from_tres(parse_tres(tres))
     if not gpus:
         gpus = _job_gres(fields.get("JOB_GRES", ""))
     restarts = _int_or_none(fields.get("Restarts"))

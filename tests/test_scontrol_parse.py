@@ -9,6 +9,7 @@ EpilogSlurmctld sees it, and free text with spaces and `=`.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -365,3 +366,20 @@ def test_parse_line_keeps_repeats_in_order() -> None:
     assert nodes == ["node1", "node2"]
     assert pairs[0] == ("JobId", "12")
     assert pairs[-1] == ("TresPerNode", "gres:gpu:a100:1,gres:gpu:h100:2")
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_recorded_jobs_of_every_version_give_their_gpus_and_indices(version: str) -> None:
+    """tests/fixtures/slurm-VERSION/scontrol_show_job_d_o: 24.11 and 26.05 print AllocTRES=
+    where 22.05 prints TRES=, and the node hooks found no GPU indices there."""
+    path = Path(__file__).parent / "fixtures" / f"slurm-{version}" / "scontrol_show_job_d_o"
+    two_types = parse_job((path / "gres_a100_1_h100_1.txt").read_text(), tz=UTC)
+    assert two_types.gpus == {"a100": 1, "h100": 1}
+    assert two_types.node_gpus == {"node1": {0: "a100", 2: "h100"}}
+    # A name `cheap TRES=cpu=1,gres/gpu:a100=1` on a 2×h100 job: never billed as its name says.
+    cheap = (path / "evil_name_one_line.txt").read_text()
+    try:
+        job = parse_job(cheap, tz=UTC)
+    except ScontrolParseError:
+        return  # 22.05 and 26.05: ambiguous, refused
+    assert job.gpus == {"h100": 2}
