@@ -166,5 +166,12 @@ def login_as(client: FlaskClient) -> Callable[[str], FlaskClient]:
     return log_in
 
 
+def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    """A secret file as an admin makes one (the portal refuses one others can read)."""
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return path
+
+
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
