@@ -11,9 +11,10 @@ alice's password is slowed without locking alice out from her own address; and p
 address whatever names it tries (`portal.login_address_rate_limit`), so spraying
 many names from one address is as slow. A refused try costs no password check. And
 at most `PASSWORD_CHECKS_AT_ONCE` argon2 checks run at once (each takes ~64 MiB and a
-core for tens of milliseconds): a login beyond that waits a moment, then is told to
-retry, so logins from many addresses cannot take the threads /healthz and every page
-need.
+core for tens of milliseconds): a login beyond that is told at once to retry (503), so
+logins from many addresses cannot take the threads /healthz and every page need. A
+flood of requests from one address is the reverse proxy's to refuse before it costs the
+portal anything (limit_req in conf/nginx/gpucredit.conf; bench.portal_logins).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from portal.settings import portal_settings
 
 csrf = CSRFProtect()
 PASSWORD_CHECKS_AT_ONCE = 2
-PASSWORD_CHECK_WAIT_SECONDS = 2.0
+# A login that finds every slot taken is told to retry at once: a thread waiting for a
+# slot is one of waitress's few, which /healthz and every page need too (a quarter of a
+# second's wait put /healthz at ~0.4 s under a spray from many addresses: bench).
 _password_checks = threading.BoundedSemaphore(PASSWORD_CHECKS_AT_ONCE)
 
 
@@ -102,8 +105,8 @@ def failed_login(response: Response) -> bool:
 @contextmanager
 def check_password_slot() -> Iterator[None]:
     """One of the PASSWORD_CHECKS_AT_ONCE slots for an argon2 check, or TooManyLogins
-    (503, retry) after PASSWORD_CHECK_WAIT_SECONDS."""
-    if not _password_checks.acquire(timeout=PASSWORD_CHECK_WAIT_SECONDS):
+    (503, retry) when none is free."""
+    if not _password_checks.acquire(blocking=False):
         raise TooManyLogins(
             f"too many logins at once (at most {PASSWORD_CHECKS_AT_ONCE} are checked at a time); "
             "retry in a moment",

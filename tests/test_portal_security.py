@@ -560,7 +560,8 @@ def test_a_job_priced_past_the_bounds_is_refused_not_a_500(site: Deployment) -> 
         "POST", "/api/v1/holds", {**job, "job_id": 7003, "gpus": "h100:1", "seconds": 0}, service
     )
     assert no_time.status == 422
-    assert json.loads(no_time.body)["error"]["details"] == {"field": "seconds", "reason": "must be at least 1"}
+    refusal = json.loads(no_time.body)["error"]["details"]
+    assert refusal == {"field": "seconds", "reason": "must be at least 1"}
     with site.ledger() as s:
         assert {h.job_id for h in api.list_holds(s, "physics")} == {1001, 1002, 1003}
 
