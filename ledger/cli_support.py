@@ -150,8 +150,14 @@ _PLAIN_NUMBER = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?$")
 def spreadsheet_safe(value: Any) -> Any:
     """`value`, or, for a text that starts like a formula, the text after a `'`, which
     spreadsheets read as "this is text" and do not show. A plain number ("-1.50") is a
-    number, not a formula, and is left as it is."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _PLAIN_NUMBER.match(value):
+    number, not a formula, and so is left as it is, as is a lone "-" (the reports' "none":
+    one character is no formula)."""
+    if (
+        isinstance(value, str)
+        and len(value) > 1
+        and value.startswith(FORMULA_STARTS)
+        and not _PLAIN_NUMBER.match(value)
+    ):
         return "'" + value
     return value
 

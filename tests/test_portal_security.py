@@ -590,7 +590,7 @@ def test_usage_csv_cells_are_never_formulas(site: Deployment) -> None:
         assert download.status == 200
         cells = [row[0] for row in csv.reader(io.StringIO(download.body))]
         assert "'" + formula in cells, cells
-        assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells)
+        assert not any(len(cell) > 1 and cell.startswith(("=", "+", "-", "@")) for cell in cells), cells
 
 
 # --- P9: a session key others can write or read is refused ---------------------------------------
@@ -702,3 +702,23 @@ def test_a_user_who_may_not_change_the_ledger_is_told_so_in_one_line(sqlite_temp
         assert "INSERT" not in result.stderr and "[parameters" not in result.stderr
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize(
+    ("cell", "written"),
+    [
+        ('=HYPERLINK("https://evil.example")', '\'=HYPERLINK("https://evil.example")'),
+        ("+1+cmd|' /C calc'!A0", "'+1+cmd|' /C calc'!A0"),
+        ("-2-3", "'-2-3"),
+        ("@SUM(A1:A9)", "'@SUM(A1:A9)"),
+        ("\t=1+1", "'\t=1+1"),
+        ("-1.50", "-1.50"),  # a negative amount: a number, not a formula
+        ("-", "-"),  # the reports' "none"
+        ("physics", "physics"),
+        (3600, 3600),
+    ],
+)
+def test_a_cell_that_starts_like_a_formula_is_written_as_text(cell: Any, written: Any) -> None:
+    from ledger.cli_support import spreadsheet_safe
+
+    assert spreadsheet_safe(cell) == written
