@@ -52,6 +52,7 @@ bench: venv
 	$(BIN)/python -m bench.balance
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
 	$(BIN)/python -m bench.portal_load
+	$(BIN)/python -m bench.portal_logins
 
 clean:
 	rm -rf $(VENV) var build *.egg-info

@@ -21,6 +21,7 @@ from ledger.grants import grants_t, load_grants
 from ledger.holds import holds_t
 from ledger.journal import accounts_t
 from ledger.money import format_credits
+from ledger.sums import joined, split_sum
 from ledger.timeutil import format_time, utcnow
 
 
@@ -48,11 +49,13 @@ def balance(s: Session, account: str, at: datetime | None = None) -> dict[str, A
 def _balance_now(s: Session, row: Any, at: datetime) -> dict[str, Any]:
     grants = [g for g in load_grants(s, row.id) if g.active_at(at)]
     # Earmarked credit is part of the remainder, so only live grants can hold any.
-    held = s.execute(
-        select(func.coalesce(func.sum(grants_t.c.earmarked_ucredits), 0)).where(
-            grants_t.c.account_id == row.id, grants_t.c.remaining_ucredits > 0
-        )
-    ).scalar_one()
+    held = joined(
+        *s.execute(
+            select(*split_sum(grants_t.c.earmarked_ucredits)).where(
+                grants_t.c.account_id == row.id, grants_t.c.remaining_ucredits > 0
+            )
+        ).one()
+    )
     available = sum(g.free_ucredits for g in grants) - row.debt_ucredits
     return _shape(
         row.name,
@@ -108,7 +111,10 @@ def available_credit(s: Session, at: datetime, account_ids: Collection[int] | No
     checks the same figure again under its account's lock (`grants.available_now`).
     """
     free_query = (
-        select(grants_t.c.account_id, func.sum(grants_t.c.remaining_ucredits - grants_t.c.earmarked_ucredits))
+        select(
+            grants_t.c.account_id,
+            *split_sum(grants_t.c.remaining_ucredits - grants_t.c.earmarked_ucredits),
+        )
         .where(
             grants_t.c.remaining_ucredits > 0,
             grants_t.c.effective_at <= at,
@@ -122,7 +128,7 @@ def available_credit(s: Session, at: datetime, account_ids: Collection[int] | No
     if account_ids is not None:
         free_query = free_query.where(grants_t.c.account_id.in_(list(account_ids)))
         accounts_query = accounts_query.where(accounts_t.c.id.in_(list(account_ids)))
-    free = {account_id: int(total) for account_id, total in s.execute(free_query)}
+    free = {account_id: joined(high, low) for account_id, high, low in s.execute(free_query)}
     return {account_id: free.get(account_id, 0) - int(debt) for account_id, debt in s.execute(accounts_query)}
 
 

@@ -19,13 +19,14 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import read_account
 from ledger.balance import available_credit
 from ledger.errors import InvalidInput
 from ledger.grants import grants_t
+from ledger.sums import joined, split_sum
 from ledger.timeutil import utcnow
 
 __all__ = ["DEFAULT_WARN_AT_USED_SHARE", "CreditUse", "credit_in_force", "credit_use", "parse_share"]
@@ -77,7 +78,7 @@ def parse_share(value: object, *, field: str = "policy.warn_at_used_share") -> F
 def credit_in_force(s: Session, at: datetime, account_ids: Collection[int] | None = None) -> dict[int, int]:
     """Micro-credits granted per account (all, or `account_ids`) by grants active at `at`."""
     query = (
-        select(grants_t.c.account_id, func.sum(grants_t.c.amount_ucredits))
+        select(grants_t.c.account_id, *split_sum(grants_t.c.amount_ucredits))
         .where(
             grants_t.c.effective_at <= at,
             (grants_t.c.expires_at.is_(None)) | (grants_t.c.expires_at > at),
@@ -86,7 +87,7 @@ def credit_in_force(s: Session, at: datetime, account_ids: Collection[int] | Non
     )
     if account_ids is not None:
         query = query.where(grants_t.c.account_id.in_(list(account_ids)))
-    return {account_id: int(total) for account_id, total in s.execute(query)}
+    return {account_id: joined(high, low) for account_id, high, low in s.execute(query)}
 
 
 def credit_use(s: Session, account: str, at: datetime | None = None) -> CreditUse:

@@ -4,10 +4,15 @@ Each mutating transaction locks exactly one customer account row. On PostgreSQL
 that is `SELECT ... FOR UPDATE`; SQLite has one writer anyway, so every SQLite
 transaction starts with `BEGIN IMMEDIATE` and takes the write lock up front
 instead of failing later with "database is locked" on upgrade.
+
+An embedded SQLite ledger is created private: its directory 0700 and the file 0600
+(SQLite gives its -wal and -shm files the database file's mode), like the daemon's
+socket. Every account's money is in it, and who can read the file can read it all.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            create_private_sqlite_file(Path(parsed.database))
         engine = create_engine(url, **kwargs)
         _configure_sqlite(engine)
         return engine
@@ -30,6 +35,21 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         url = str(parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, **kwargs)
+
+
+def create_private_sqlite_file(path: Path) -> None:
+    """Make `path` an empty database file, mode 0600 in a 0700 directory, unless it
+    exists: SQLite would create it with the umask's mode (0644, readable by everyone).
+    An existing file or directory keeps its mode (an admin's choice, or a shared one)."""
+    if path.exists():
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:  # created meanwhile by another process: it chose the mode
+        pass
+    except OSError:  # a directory this user may not write: SQLite's own error says so
+        pass
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.accounts import limits_t, members_t
 from ledger.accrual import accrued_between
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.money import format_credits
+from ledger.sums import joined, split_sum
 from ledger.timeutil import day_bounds, format_time
 from ledger.totals import account_totals
 
@@ -156,7 +157,7 @@ def _spent_on_day(
         return {}
     start, end = day_bounds(at)
     query = (
-        select(entries_t.c.account_id, entries_t.c.user, func.sum(postings_t.c.amount_ucredits))
+        select(entries_t.c.account_id, entries_t.c.user, *split_sum(postings_t.c.amount_ucredits))
         .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
         .where(
             postings_t.c.account_id == REVENUE,
@@ -166,7 +167,7 @@ def _spent_on_day(
         )
         .group_by(entries_t.c.account_id, entries_t.c.user)
     )
-    spent = {(account_id, user): int(total) for account_id, user, total in s.execute(query)}
+    spent = {(account_id, user): joined(high, low) for account_id, user, high, low in s.execute(query)}
     for key, amount in accrued_between(s, start, end, at, account_ids=account_ids).items():
         spent[key] = spent.get(key, 0) + amount
     return spent

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.grants import grants_t
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
+from ledger.sums import joined, split_sum
 from ledger.totals import account_totals, memberships
 
 __all__ = ["FUNDING_SOURCES", "FairnessInputs", "fairness_inputs"]
@@ -43,9 +44,9 @@ def fairness_inputs(
     if funded_since > at or spent_since > at:
         raise ValueError("the windows must start at or before `at`")
     funded = {
-        account_id: int(total)
-        for account_id, total in s.execute(
-            select(grants_t.c.account_id, func.sum(grants_t.c.amount_ucredits))
+        account_id: joined(high, low)
+        for account_id, high, low in s.execute(
+            select(grants_t.c.account_id, *split_sum(grants_t.c.amount_ucredits))
             .where(
                 grants_t.c.source.in_(FUNDING_SOURCES),
                 grants_t.c.effective_at >= funded_since,
@@ -56,8 +57,8 @@ def fairness_inputs(
     }
     # What the revenue account received from each account's entries is what it was charged.
     spent: dict[int, dict[str | None, int]] = {}
-    for account_id, user, total in s.execute(
-        select(entries_t.c.account_id, entries_t.c.user, func.sum(postings_t.c.amount_ucredits))
+    for account_id, user, high, low in s.execute(
+        select(entries_t.c.account_id, entries_t.c.user, *split_sum(postings_t.c.amount_ucredits))
         .join(postings_t, postings_t.c.entry_id == entries_t.c.id)
         .where(
             postings_t.c.account_id == REVENUE,
@@ -66,7 +67,7 @@ def fairness_inputs(
         )
         .group_by(entries_t.c.account_id, entries_t.c.user)
     ):
-        spent.setdefault(account_id, {})[user] = int(total)
+        spent.setdefault(account_id, {})[user] = joined(high, low)
     ids = {
         name: account_id
         for name, account_id in s.execute(

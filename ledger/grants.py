@@ -19,7 +19,8 @@ from ledger import idempotency
 from ledger.errors import InsufficientCredits, InvalidInput
 from ledger.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
 from ledger.models import Grant, table_of
-from ledger.money import format_credits
+from ledger.money import MAX_ACCOUNT_UCREDITS, MAX_UCREDITS, format_credits
+from ledger.sums import joined, split_sum
 from ledger.timeutil import format_time, utcnow
 
 grants_t = table_of(Grant)
@@ -146,6 +147,42 @@ def take_free(
     return need
 
 
+def granted_ever(s: Session, account_id: int) -> int:
+    """Micro-credits ever granted to the account: every grant's amount, spent or not."""
+    return joined(
+        *s.execute(
+            select(*split_sum(grants_t.c.amount_ucredits)).where(grants_t.c.account_id == account_id)
+        ).one()
+    )
+
+
+def _check_account_credit(s: Session, account: LockedAccount, amount_ucredits: int) -> None:
+    """Refuse a grant that would take what the account was ever granted past
+    MAX_ACCOUNT_UCREDITS, the bound every sum over its grants relies on (ledger.money).
+    The account is locked, so no other grant can slip in between the read and the write."""
+    if amount_ucredits > MAX_UCREDITS:
+        raise InvalidInput(
+            f"amount {format_credits(amount_ucredits)} exceeds the maximum of "
+            f"{format_credits(MAX_UCREDITS)} credits",
+            code="invalid_amount",
+            details={"value": format_credits(amount_ucredits), "cap": format_credits(MAX_UCREDITS)},
+        )
+    before = granted_ever(s, account.id)
+    if before + amount_ucredits > MAX_ACCOUNT_UCREDITS:
+        raise InvalidInput(
+            f"account {account.name}: {format_credits(before + amount_ucredits)} credits granted in all "
+            f"would exceed the cap of {format_credits(MAX_ACCOUNT_UCREDITS)} an account may ever be granted "
+            f"({format_credits(before)} granted + {format_credits(amount_ucredits)} now)",
+            code="invalid_amount",
+            details={
+                "limit": "account_credit",
+                "account": account.name,
+                "value": format_credits(before + amount_ucredits),
+                "cap": format_credits(MAX_ACCOUNT_UCREDITS),
+            },
+        )
+
+
 def create_grant(
     s: Session,
     account: LockedAccount,
@@ -193,6 +230,7 @@ def create_grant(
         )
     if not isinstance(priority, int) or not 0 <= priority <= 1000:
         raise InvalidInput(f"priority {priority!r} must be a whole number 0..1000", code="invalid_priority")
+    _check_account_credit(s, account, amount_ucredits)
     grant_id = s.execute(
         insert(grants_t)
         .values(

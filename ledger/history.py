@@ -22,6 +22,7 @@ from ledger.holds import HoldState, get_hold, holds_t
 from ledger.journal import REVENUE, accounts_t, entries_t, postings_t
 from ledger.models import JobRun, table_of
 from ledger.money import format_credits
+from ledger.sums import joined, split_sum
 from ledger.timeutil import format_time
 
 __all__ = [
@@ -197,17 +198,17 @@ def hold_entries(s: Session, hold_id: int, *, limit: int = 1000) -> list[dict[st
 
 def running_totals(s: Session, account: str) -> RunningTotals:
     """How many jobs of `account` run now, on how many GPUs, burning how much per hour."""
-    jobs, gpus, rate = s.execute(
+    jobs, gpus, rate_high, rate_low = s.execute(
         select(
             func.count(),
             func.coalesce(func.sum(holds_t.c.gpu_count), 0),
-            func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
+            *split_sum(holds_t.c.rate_ucredits_per_hour),
         )
         .select_from(holds_t)
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
         .where(accounts_t.c.name == account, holds_t.c.state == "active")
     ).one()
-    return RunningTotals(int(jobs), int(gpus), int(rate))
+    return RunningTotals(int(jobs), int(gpus), joined(rate_high, rate_low))
 
 
 def charge_entries(s: Session, account: str, *, limit: int = 20) -> list[dict[str, Any]]:

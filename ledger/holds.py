@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.accounts import check_name, lock_account, lock_account_by_id, lock_accounts
 from ledger.bulk import insert_rows, update_rows
@@ -196,15 +197,22 @@ def holds_page(
     s: Session,
     *,
     accounts: Collection[str] | None = None,
+    own: tuple[str, Collection[str]] | None = None,
     state: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
 ) -> list[HoldState]:
-    """One page of holds, newest first: those of `accounts` (None: every account) with
-    ids below `before_id`, the previous page's last id (a cursor that no new hold moves)."""
+    """One page of holds, newest first: those of `accounts` (None: every account), and
+    with `own` = (user, accounts) that user's own holds in those accounts too (a member
+    sees their own jobs, a manager the account's), with ids below `before_id`, the
+    previous page's last id (a cursor that no new hold moves)."""
     query = _hold_query()
     if accounts is not None:
-        query = query.where(accounts_t.c.name.in_(list(accounts)))
+        every: ColumnElement[bool] = accounts_t.c.name.in_(list(accounts))
+        if own is not None:
+            user, own_accounts = own
+            every = or_(every, and_(accounts_t.c.name.in_(list(own_accounts)), holds_t.c.user == user))
+        query = query.where(every)
     if state is not None:
         query = query.where(holds_t.c.state == state)
     if before_id is not None:
@@ -406,6 +414,12 @@ def _hold_request(
     check_name(user, "user")
     gpu_map = parse_gpus(gpus)
     seconds = parse_seconds(seconds, field="seconds")
+    if seconds < 1:  # a hold for no time holds nothing, and its rate would be unbounded by its amount
+        raise InvalidInput(
+            "seconds: a hold needs a time limit of at least 1 second",
+            code="invalid_duration",
+            details={"field": "seconds", "value": seconds, "minimum": 1},
+        )
     _check_job(job_id, run)
     body = {
         "account": account_name,

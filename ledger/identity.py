@@ -79,9 +79,18 @@ def member_roles(s: Session, account: str) -> list[dict[str, str]]:
 
 
 def set_portal_user(
-    s: Session, name: str, *, password_hash: str | None = None, is_admin: bool | None = None
+    s: Session,
+    name: str,
+    *,
+    password_hash: str | None = None,
+    is_admin: bool | None = None,
+    end_sessions: bool | None = None,
 ) -> dict[str, Any]:
-    """Create or change a portal login. `password_hash` is the portal's argon2 string."""
+    """Create or change a portal login. `password_hash` is the portal's argon2 string.
+
+    A new password ends the login's sessions (`end_sessions`, by default whenever a
+    password is given); the portal passes False when it only rehashes the same password
+    at a stronger cost."""
     check_name(name, "user")
     now = utcnow()
     row = s.execute(select(portal_users_t.c.id).where(portal_users_t.c.name == name)).first()
@@ -90,23 +99,49 @@ def set_portal_user(
         values["password_hash"] = password_hash
     if is_admin is not None:
         values["is_admin"] = is_admin
+    if end_sessions is None:
+        end_sessions = password_hash is not None
     if row is None:
         values.setdefault("is_admin", False)
         s.execute(insert(portal_users_t).values(name=name, created_at=now, **values))
     else:
+        if end_sessions:
+            values["session_generation"] = portal_users_t.c.session_generation + 1
         s.execute(update(portal_users_t).where(portal_users_t.c.id == row.id).values(**values))
     return portal_user(s, name) or {}
 
 
+def end_portal_sessions(s: Session, name: str) -> int:
+    """End every session of the login `name` (logout): its generation moves on. Returns
+    the new generation; NotFound for a login that does not exist."""
+    result = s.execute(
+        update(portal_users_t)
+        .where(portal_users_t.c.name == name)
+        .values(session_generation=portal_users_t.c.session_generation + 1, updated_at=utcnow())
+        .returning(portal_users_t.c.session_generation)
+    ).first()
+    if result is None:
+        raise NotFound(f"portal login {name} does not exist", details={"user": name})
+    return int(result[0])
+
+
 def portal_user(s: Session, name: str) -> dict[str, Any] | None:
     row = s.execute(
-        select(portal_users_t.c.name, portal_users_t.c.password_hash, portal_users_t.c.is_admin).where(
-            portal_users_t.c.name == name
-        )
+        select(
+            portal_users_t.c.name,
+            portal_users_t.c.password_hash,
+            portal_users_t.c.is_admin,
+            portal_users_t.c.session_generation,
+        ).where(portal_users_t.c.name == name)
     ).first()
     if row is None:
         return None
-    return {"name": row.name, "password_hash": row.password_hash, "is_admin": bool(row.is_admin)}
+    return {
+        "name": row.name,
+        "password_hash": row.password_hash,
+        "is_admin": bool(row.is_admin),
+        "session_generation": int(row.session_generation),
+    }
 
 
 def create_token(

@@ -22,6 +22,7 @@ from ledger.errors import LimitExceeded
 from ledger.journal import REVENUE, LockedAccount, accounts_t, entries_t, postings_t
 from ledger.models import Hold, table_of
 from ledger.money import format_credits, format_rate
+from ledger.sums import joined, split_sum
 from ledger.timeutil import day_bounds
 
 holds_t = table_of(Hold)
@@ -32,20 +33,20 @@ def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tup
     uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
     query = select(
         func.coalesce(func.sum(holds_t.c.gpu_count), 0),
-        func.coalesce(func.sum(holds_t.c.rate_ucredits_per_hour), 0),
-        func.coalesce(func.sum(case((uncharged > 0, uncharged), else_=0)), 0),
+        *split_sum(holds_t.c.rate_ucredits_per_hour),
+        *split_sum(case((uncharged > 0, uncharged), else_=0)),
     ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
     if user is not None:
         query = query.where(holds_t.c.user == user)
-    gpus, rate, held = s.execute(query).one()
-    return int(gpus), int(rate), int(held)
+    gpus, rate_high, rate_low, held_high, held_low = s.execute(query).one()
+    return int(gpus), joined(rate_high, rate_low), joined(held_high, held_low)
 
 
 def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
     """Charges (net of refunds) effective on `at`'s UTC day."""
     start, end = day_bounds(at)
     query = (
-        select(func.coalesce(func.sum(postings_t.c.amount_ucredits), 0))
+        select(*split_sum(postings_t.c.amount_ucredits))
         .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
         .where(
             entries_t.c.account_id == account_id,
@@ -56,7 +57,7 @@ def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) ->
     )
     if user is not None:
         query = query.where(entries_t.c.user == user)
-    return int(s.execute(query).scalar_one())
+    return joined(*s.execute(query).one())
 
 
 @dataclass(frozen=True)

@@ -411,6 +411,8 @@ class PortalUser(Base):
     name: Mapped[Name] = mapped_column(unique=True)
     password_hash: Mapped[str | None] = mapped_column(String(256), nullable=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Sessions opened before the generation moved on (logout, a new password) are over.
+    session_generation: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     created_at: Mapped[Timestamp]
     updated_at: Mapped[Timestamp]
 

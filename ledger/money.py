@@ -13,9 +13,31 @@ from ledger.errors import InvalidInput
 
 UCREDITS_PER_CREDIT = 1_000_000
 SECONDS_PER_HOUR = 3600
-# No amount a site will ever enter is near this; beyond it an input is a typo.
+
+# --- Bounds ---------------------------------------------------------------------------
+# Every figure the ledger stores is a 64-bit integer (BIGINT on PostgreSQL, INTEGER on
+# SQLite), and SQLite fails a whole statement when a SUM passes 2**63 - 1 micro-credits
+# (~9.2 * 10**12 credits). So every amount, and every product of amounts, is bounded
+# here, far below that, and refused above its bound with the bound named
+# (docs/admin-guide.md, "Security"). No site enters figures near these; beyond them an
+# input is a typo or an attack.
+UCREDITS_CEILING = 2**63 - 1
+# One amount: a top-up, grant, consumption, transfer, adjustment, cap or credit line.
 MAX_CREDITS = 10**12
 MAX_UCREDITS = MAX_CREDITS * UCREDITS_PER_CREDIT
+# Everything ever granted to one account (top-ups, grants, transfers in, refunds), spent
+# or not: every sum a query takes over one account's grants is at most this.
+MAX_ACCOUNT_UCREDITS = MAX_UCREDITS
+# One job's rate: its GPUs' prices per GPU-hour times their counts (10**8 credits an
+# hour), and so also one price. With a time limit of at most MAX_JOB_SECONDS (366 days)
+# one run's charge stays below MAX_CHARGE_UCREDITS, itself below MAX_UCREDITS.
+MAX_RATE_UCREDITS_PER_HOUR = 10**14
+MAX_PRICE_UCREDITS_PER_GPU_HOUR = MAX_RATE_UCREDITS_PER_HOUR
+MAX_GPUS_PER_JOB = 100_000  # a job's GPUs of every type together
+MAX_JOB_SECONDS = 366 * 24 * 3600
+MAX_CHARGE_UCREDITS = -(-MAX_RATE_UCREDITS_PER_HOUR * MAX_JOB_SECONDS // SECONDS_PER_HOUR)
+if not (MAX_CHARGE_UCREDITS <= MAX_UCREDITS and MAX_UCREDITS <= MAX_ACCOUNT_UCREDITS < UCREDITS_CEILING // 2):
+    raise RuntimeError("the ledger's bounds no longer nest; see ledger/money.py")
 
 
 def parse_credits(

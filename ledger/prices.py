@@ -14,12 +14,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from ledger import idempotency
 from ledger.errors import InvalidInput
 from ledger.models import Price, table_of
-from ledger.money import format_credits, parse_credits
+from ledger.money import (
+    MAX_GPUS_PER_JOB,
+    MAX_PRICE_UCREDITS_PER_GPU_HOUR,
+    MAX_RATE_UCREDITS_PER_HOUR,
+    format_credits,
+    parse_credits,
+)
 from ledger.timeutil import format_time, utcnow
 
 prices_t = table_of(Price)
 _GRES = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-MAX_GPUS_PER_JOB = 100_000
 
 
 def check_gres(gres: str) -> str:
@@ -31,7 +36,8 @@ def check_gres(gres: str) -> str:
 
 
 def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
-    """'h100:2,a100:1' (or a mapping) into {type: count}, refusing zero or malformed parts."""
+    """'h100:2,a100:1' (or a mapping) into {type: count}, refusing zero or malformed parts
+    and more than MAX_GPUS_PER_JOB GPUs in all (the cap is the job's, not each part's)."""
     if isinstance(spec, dict):
         items: list[tuple[str, str | int]] = list(spec.items())
     else:
@@ -65,6 +71,13 @@ def parse_gpus(spec: str | dict[str, int]) -> dict[str, int]:
         gpus[name] = gpus.get(name, 0) + n
     if not gpus:
         raise InvalidInput("no GPUs given", code="invalid_gpus", details={"value": str(spec)})
+    total = sum(gpus.values())
+    if total > MAX_GPUS_PER_JOB:
+        raise InvalidInput(
+            f"{total} GPUs in one job exceed the cap of {MAX_GPUS_PER_JOB} GPUs per job",
+            code="invalid_gpus",
+            details={"value": str(spec), "limit": "gpus_per_job", "gpus": total, "cap": MAX_GPUS_PER_JOB},
+        )
     return dict(sorted(gpus.items()))
 
 
@@ -95,6 +108,18 @@ def set_price(
     """
     check_gres(gres)
     amount = parse_credits(credits_per_gpu_hour, field="price", allow_zero=True)
+    if amount > MAX_PRICE_UCREDITS_PER_GPU_HOUR:
+        raise InvalidInput(
+            f"price {format_credits(amount)} exceeds the cap of "
+            f"{format_credits(MAX_PRICE_UCREDITS_PER_GPU_HOUR)} credits per GPU-hour",
+            code="invalid_amount",
+            details={
+                "field": "price",
+                "limit": "price_per_gpu_hour",
+                "value": format_credits(amount),
+                "cap": format_credits(MAX_PRICE_UCREDITS_PER_GPU_HOUR),
+            },
+        )
     request = {
         "gres": gres,
         "partition": partition,
@@ -208,8 +233,22 @@ class PriceTable:
 
 
 def rate_of(gpus: Mapping[str, int], unit_prices: Mapping[str, int]) -> int:
-    """Micro-credits per hour of a GPU mix at the given prices per GPU-hour (each type priced)."""
-    return sum(unit_prices[gres] * count for gres, count in gpus.items())
+    """Micro-credits per hour of a GPU mix at the given prices per GPU-hour (each type
+    priced), refused above MAX_RATE_UCREDITS_PER_HOUR: so one run's charge, at most this
+    rate for the longest time limit, stays within the ledger's bounds (ledger.money)."""
+    rate = sum(unit_prices[gres] * count for gres, count in gpus.items())
+    if rate > MAX_RATE_UCREDITS_PER_HOUR:
+        raise InvalidInput(
+            f"{format_gpus(dict(gpus))} cost {format_credits(rate)} credits per hour, "
+            f"above the cap of {format_credits(MAX_RATE_UCREDITS_PER_HOUR)} credits per hour for one job",
+            code="invalid_gpus",
+            details={
+                "limit": "rate_per_job",
+                "value": format_credits(rate),
+                "cap": format_credits(MAX_RATE_UCREDITS_PER_HOUR),
+            },
+        )
+    return rate
 
 
 def _price_rows(

@@ -6,11 +6,11 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from ledger.errors import InvalidInput
+from ledger.money import MAX_JOB_SECONDS
 
 # Far enough to cover any grant window a site would enter; beyond it an input is a typo.
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
-MAX_JOB_SECONDS = 366 * 24 * 3600
 
 _SLURM_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
 

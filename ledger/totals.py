@@ -21,6 +21,7 @@ from ledger.grants import grants_t
 from ledger.holds import holds_t
 from ledger.journal import accounts_t
 from ledger.money import UCREDITS_PER_CREDIT
+from ledger.sums import joined, split_sum
 
 __all__ = ["AccountTotals", "account_totals", "memberships"]
 
@@ -44,9 +45,9 @@ def account_totals(s: Session, at: datetime) -> list[AccountTotals]:
     """Every customer account's available, held and active holds at `at`, by name."""
     available = available_credit(s, at)
     held = {
-        account_id: int(total)
-        for account_id, total in s.execute(
-            select(grants_t.c.account_id, func.sum(grants_t.c.earmarked_ucredits))
+        account_id: joined(high, low)
+        for account_id, high, low in s.execute(
+            select(grants_t.c.account_id, *split_sum(grants_t.c.earmarked_ucredits))
             .where(grants_t.c.earmarked_ucredits > 0)
             .group_by(grants_t.c.account_id)
         )

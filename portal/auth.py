@@ -1,10 +1,15 @@
 """Who is asking, and what they may see.
 
 Three ways in, one `Principal`:
-- a browser session after a local login (argon2 hash in `portal_users`);
+- a browser session after a password login (argon2 hash in `portal_users`), while
+  `portal.password_login` allows them (always with auth = "local"; with auth =
+  "header" only when set). A session carries its login's session generation, and
+  logout or a new password moves the generation on: a cookie copied before then is
+  worth nothing (the cookie alone is only signed, so it needs this state to end);
 - single sign-on: a reverse proxy (Open OnDemand, mod_auth_openidc) puts the user
-  name in `portal.sso_header`; it is honoured only when the request comes from one
-  of `portal.trusted_proxies`, so nobody else can claim a name by sending the header;
+  name in `portal.sso_header`; it is honoured only on a request that is the proxy's
+  (portal.proxy: from one of `portal.trusted_proxies` AND carrying the secret the
+  proxy shares with the portal), so no other process, on any host, can claim a name;
 - an API token, `Authorization: Bearer gpc_...` (stored hashed, with a role and an
   expiry; `gpucredit token create`).
 
@@ -16,12 +21,12 @@ An account the principal may not see answers exactly like one that does not exis
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -41,7 +46,16 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import LedgerError, NotFound
-from portal.security import limiter, login_key, login_limit
+from portal.proxy import client_address, from_proxy
+from portal.security import (
+    check_password_slot,
+    failed_login,
+    limiter,
+    login_address_key,
+    login_address_limit,
+    login_key,
+    login_limit,
+)
 from portal.settings import portal_settings
 from portal.store import transaction
 
@@ -111,14 +125,17 @@ def _load_principal() -> None:
             g.auth_error = "invalid, expired or revoked token"
         return
     settings = portal_settings_now()
-    if settings["auth"] == "header" and _from_trusted_proxy(settings):
+    if settings["auth"] == "header":
         name = request.headers.get(settings["sso_header"], "").strip()
-        if name:
+        if name and from_proxy():
             g.principal = _principal_for(name, "header")
             return
-    user = session.get("user")
-    if user:
-        g.principal = _principal_for(str(user), "session")
+        if name:  # someone other than the proxy claims a name: refuse it, and say so in the log
+            log.warning(
+                "ignored %s from %s: not the configured proxy", settings["sso_header"], client_address()
+            )
+    if settings["password_login"]:
+        g.principal = _session_principal()
 
 
 def portal_settings_now() -> dict[str, Any]:
@@ -127,24 +144,29 @@ def portal_settings_now() -> dict[str, Any]:
     return portal_settings(current_app)
 
 
-def _from_trusted_proxy(settings: dict[str, Any]) -> bool:
-    try:
-        peer = ipaddress.ip_address(request.remote_addr or "")
-    except ValueError:
-        return False
-    for proxy in settings["trusted_proxies"]:
-        try:
-            if peer in ipaddress.ip_network(proxy, strict=False):
-                return True
-        except ValueError:
-            continue
-    return False
-
-
 def _principal_for(name: str, via: str) -> Principal:
     with transaction() as s:
         user = api.portal_user(s, name)
     return Principal(name, "admin" if user and user["is_admin"] else "user", via)
+
+
+def _session_principal() -> Principal | None:
+    """The session's user, while its login exists and the session is of its current
+    generation (logout and a new password end every older one)."""
+    name = session.get("user")
+    if not name:
+        return None
+    with transaction() as s:
+        user = api.portal_user(s, str(name))
+    if (
+        user is None
+        or user["password_hash"] is None
+        or session.get("generation") != user["session_generation"]
+    ):
+        session.pop("user", None)
+        session.pop("generation", None)
+        return None
+    return Principal(str(name), "admin" if user["is_admin"] else "user", "session")
 
 
 def current() -> Principal | None:
@@ -198,6 +220,14 @@ def require_account(s: Session, who: Principal, account: str, *, manage: bool = 
     return role
 
 
+def own_user(role: str, who: Principal) -> str | None:
+    """Whose jobs and usage `who` sees in an account where their role is `role`: a
+    member sees their own (None is everyone's: the account's managers, admins, and the
+    service that reserves and settles them). The one rule for pages, CSV and the API;
+    an account's balance and grants are everyone's in it."""
+    return who.user if role == "member" else None
+
+
 def require_admin(who: Principal) -> None:
     if not who.is_admin:
         raise Forbidden("only an admin may do this")
@@ -212,44 +242,61 @@ def require_service_or_admin(who: Principal) -> None:
 
 
 @bp.route("/login", methods=["GET", "POST"])
-@limiter.limit(login_limit, key_func=login_key, methods=["POST"])
+@limiter.limit(login_address_limit, key_func=login_address_key, methods=["POST"], deduct_when=failed_login)
+@limiter.limit(login_limit, key_func=login_key, methods=["POST"], deduct_when=failed_login)
 def login() -> Any:
     settings = portal_settings_now()
+    if not settings["password_login"]:  # single sign-on only: there is no form to post
+        if request.method == "POST":
+            abort(404)
+        return render_template("login.html", settings=settings)
     if request.method == "POST":
         name = request.form.get("username", "").strip()
         password = request.form.get("password", "")
-        if _check_password(name, password):
+        generation = _check_password(name, password)
+        if generation is not None:
             session.clear()
             session["user"] = name
+            session["generation"] = generation
             session.permanent = True
             return redirect(_safe_next(request.args.get("next")))
-        log.warning("failed login for %r from %s", name, request.remote_addr)
+        log.warning("failed login for %r from %s", name, client_address())
         flash("Wrong user name or password.", "error")
         return render_template("login.html", settings=settings), 401
     return render_template("login.html", settings=settings)
 
 
-def _check_password(name: str, password: str) -> bool:
+def _check_password(name: str, password: str) -> int | None:
+    """The login's session generation when `password` is `name`'s, else None. One argon2
+    check whether or not the name exists, so both cost the same time."""
     with transaction() as s:
         user = api.portal_user(s, name) if name else None
     stored = user["password_hash"] if user else None
     try:
-        hasher.verify(stored or _DUMMY_HASH, password)
+        with check_password_slot():
+            hasher.verify(stored or _DUMMY_HASH, password)
     except (VerificationError, InvalidHashError):
-        return False
-    if stored is None:
-        return False
+        return None
+    if stored is None or user is None:
+        return None
     if hasher.check_needs_rehash(stored):
-        with transaction() as s:
-            api.set_portal_user(s, name, password_hash=hasher.hash(password))
-    return True
+        with transaction() as s:  # the same password, stronger: its sessions go on
+            api.set_portal_user(s, name, password_hash=hasher.hash(password), end_sessions=False)
+    return int(user["session_generation"])
 
 
 def _safe_next(target: str | None) -> str:
-    """Only a path on this site: never an open redirect."""
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return url_for("pages.home") if "pages.home" in _endpoints() else "/"
+    """Where to go after logging in: a path on this site, or home. Never an open
+    redirect: the target is parsed, not prefix-matched, and refused whole if it holds
+    a control character (browsers drop tabs and newlines from URLs, so "/\t/evil"
+    would be "//evil", another host), a backslash (read as a slash), a scheme or a host."""
+    home = url_for("pages.home") if "pages.home" in _endpoints() else "/"
+    if not target or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target) or "\\" in target:
+        return home
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/") or parts.path.startswith("//"):
+        return home
+    return target
 
 
 def _endpoints() -> set[str]:
@@ -260,5 +307,11 @@ def _endpoints() -> set[str]:
 
 @bp.route("/logout", methods=["POST"])
 def logout() -> Any:
+    """End the session, and every other session of this login (their cookies may have
+    been copied): the login's session generation moves on."""
+    who = current()
+    if who is not None and who.via == "session":
+        with transaction() as s:
+            api.end_portal_sessions(s, who.user)
     session.clear()
     return redirect(url_for("auth.login"))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from ledger.cli_support import emit, format_option, ledger_command, parse_time_option, transaction
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 
 @click.command("serve")
@@ -14,13 +18,14 @@ from ledger.cli_support import emit, format_option, ledger_command, parse_time_o
 @click.option("--port", type=int, default=None, help="Default: portal.port from the config (8080).")
 @click.option("--threads", type=int, default=None, help="Worker threads (default: portal.threads).")
 def serve_command(host: str | None, port: int | None, threads: int | None) -> None:
-    """Serve the portal and the JSON API (waitress)."""
+    """Serve the portal and the JSON API (waitress), and /metrics on its own listener."""
     import logging
 
     from waitress import serve
 
     from ledger.config import load_config
     from portal import create_app
+    from portal.settings import PortalConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config()
@@ -28,7 +33,12 @@ def serve_command(host: str | None, port: int | None, threads: int | None) -> No
     host = host or portal.get("host", "127.0.0.1")
     port = port or int(portal.get("port", 8080))
     config["portal"] = {**portal, "host": host, "port": port}
-    app = create_app({"GPUCREDIT": config})
+    try:
+        app = create_app({"GPUCREDIT": config})
+    except PortalConfigError as error:  # a door left open: say which, start nothing
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    serve_metrics(app)
     click.echo(f"gpucredit portal on http://{host}:{port}/", err=True)
     # One process with threads: in-memory rate limits and the SQLite file stay exact,
     # and a slow client never ties up a worker process (waitress buffers it).
@@ -43,6 +53,32 @@ def serve_command(host: str | None, port: int | None, threads: int | None) -> No
     except OSError as error:  # the address is taken or not ours: say so, not a traceback
         click.echo(f"error: cannot listen on {host}:{port}: {error.strerror}; try another --port", err=True)
         sys.exit(2)
+
+
+def serve_metrics(app: Flask) -> None:
+    """/metrics on `portal.metrics_host`:`portal.metrics_port` from a thread (never on the
+    portal's own port: portal.ops). A port already taken is logged, not fatal: the
+    portal matters more than its scrape, as the daemon's metrics do."""
+    import logging
+    import threading
+
+    from waitress import create_server
+
+    from portal.ops import metrics_app
+    from portal.settings import portal_settings
+
+    settings = portal_settings(app)
+    host, port = str(settings["metrics_host"]), int(settings["metrics_port"])
+    if not port:
+        return
+    log = logging.getLogger("gpucredit.portal")
+    try:
+        server = create_server(metrics_app(app), map={}, host=host, port=port, threads=2, ident="gpucredit")
+    except OSError as error:
+        log.warning("portal metrics not served on %s:%s: %s", host, port, error.strerror)
+        return
+    threading.Thread(target=server.run, name="gpucredit-metrics", daemon=True).start()
+    log.info("portal metrics on http://%s:%s/metrics", host, port)
 
 
 @click.group("token")

@@ -1,10 +1,15 @@
 """Operations: GET /metrics for Prometheus and GET /healthz for load balancers and
 systemd watchdogs; both without login.
 
-/metrics shows every account's credit, so only addresses in `portal.metrics_allow`
-(networks; default loopback only) may read it, and a request a proxy forwarded never
-may (its real origin is unknown): everyone else gets 404. Prometheus scrapes the
-portal's own port, not the public TLS proxy.
+/metrics shows every account's credit, so it is not served on the portal's port at all,
+where a reverse proxy forwards whatever the internet asks (and, being on the same host,
+arrives from loopback: no rule about addresses or forwarding headers on that port can
+tell a scrape from a stranger; waitress even removes X-Forwarded-For before the portal
+sees it). `gpucredit serve` serves it on a listener of its own, `portal.metrics_host`
+:`portal.metrics_port` (127.0.0.1:9467 by default; 0 turns it off), as the daemon serves
+its metrics, answering only peers in `portal.metrics_allow` (networks; default
+loopback); no proxy is pointed at that port. `metrics_app(app)` is that listener's WSGI
+application.
 
 /healthz answers 200 {"status": "ok", "database": "ok", "revision": ...} when the
 database answers and its schema is the one this code ships; else 503 with a code.
@@ -17,43 +22,30 @@ import logging
 import time
 from typing import Any
 
-from flask import Blueprint, Flask, Response, abort, current_app, g, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from flask.signals import request_finished, request_started
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from werkzeug.wrappers import Request as WsgiRequest
+from werkzeug.wrappers import Response as WsgiResponse
 
 from portal.errors import error_response
 from portal.metrics import PortalMetrics, in_transaction
 from portal.settings import portal_settings
 from portal.store import engine
 
-__all__ = ["DEFAULT_METRICS_ALLOW", "init_app"]
+__all__ = ["init_app", "metrics_app"]
 
 log = logging.getLogger("gpucredit.portal.ops")
 bp = Blueprint("ops", __name__)
 
-DEFAULT_METRICS_ALLOW = ["127.0.0.1/32", "::1/128"]
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
 
 def init_app(app: Flask) -> None:
     app.extensions["gpucredit.metrics"] = PortalMetrics(in_transaction(app.extensions["gpucredit.sessions"]))
-    app.extensions["gpucredit.metrics_allow"] = _networks(
-        portal_settings(app).get("metrics_allow", DEFAULT_METRICS_ALLOW)
-    )
     request_started.connect(_started, app)
     request_finished.connect(_finished, app)
     app.register_error_handler(SQLAlchemyError, _database_error)
     app.register_blueprint(bp)
-
-
-def _networks(configured: Any) -> list[Network]:
-    """`portal.metrics_allow`: a list of networks (or one string of them, comma-separated)."""
-    items = configured.split(",") if isinstance(configured, str) else list(configured)
-    try:
-        return [ipaddress.ip_network(str(item).strip(), strict=False) for item in items if str(item).strip()]
-    except ValueError as error:
-        raise ValueError(f"portal.metrics_allow: {error}") from error
 
 
 def _metrics() -> PortalMetrics:
@@ -85,26 +77,34 @@ def _database_error(error: SQLAlchemyError) -> Any:
     return error_response(500, "internal_error", "an unexpected error; it has been logged")
 
 
-# --- /metrics ----------------------------------------------------------------------------
+# --- /metrics, on its own listener -------------------------------------------------------
 
 
-@bp.get("/metrics")
-def metrics() -> Any:
-    if not _may_read_metrics():
-        abort(404)
-    return Response(generate_latest(_metrics().registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+def metrics_app(app: Flask) -> Any:
+    """The metrics listener's WSGI application: GET /metrics of `app`'s registry (the
+    ledger read at each scrape, and the portal's requests) to peers in
+    `portal.metrics_allow`; 404 to anyone else and for any other path."""
+    registry = app.extensions["gpucredit.metrics"].registry
+    allowed = portal_settings(app)["metrics_allow"]
+
+    @WsgiRequest.application
+    def serve(request: WsgiRequest) -> WsgiResponse:
+        if request.path != "/metrics" or not _peer_allowed(request.remote_addr, allowed):
+            return WsgiResponse("not found\n", status=404, mimetype="text/plain")
+        if request.method not in ("GET", "HEAD"):
+            return WsgiResponse("method not allowed\n", status=405, headers={"Allow": "GET, HEAD"})
+        return WsgiResponse(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return serve
 
 
-def _may_read_metrics() -> bool:
-    if "X-Forwarded-For" in request.headers or "Forwarded" in request.headers:
-        return False
+def _peer_allowed(address: str | None, allowed: list[Any]) -> bool:
     try:
-        peer = ipaddress.ip_address(request.remote_addr or "")
+        peer = ipaddress.ip_address(address or "")
     except ValueError:
         return False
     if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
         peer = peer.ipv4_mapped
-    allowed: list[Network] = current_app.extensions["gpucredit.metrics_allow"]
     return any(peer in network for network in allowed)
 
 

@@ -37,10 +37,11 @@ SOCKET = Path("/run/gpucredit/daemon.sock")
 BACKUP_PID_FILE = Path("/run/gpucredit/backup.pid")
 BACKUP_SOCKET = Path("/run/gpucredit/backup.sock")
 LOG_DIR = Path("/var/log/gpucredit")
+LEDGER = Path("/var/lib/gpucredit/gpucredit.db")  # the embedded ledger CONFIG_TEXT names
 DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
 CONFIG_TEXT = f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
-url = "sqlite:////var/lib/gpucredit/gpucredit.db"
+url = "sqlite:///{LEDGER}"
 
 [daemon]
 socket = "{SOCKET}"
@@ -91,6 +92,7 @@ def up() -> list[str]:
         CONFIG.write_text(CONFIG_TEXT)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     said = [gpucredit("init").strip(), gpucredit("account", "import-slurm").strip()]
+    make_private(LEDGER)
     if gpucredit("price", "list", "--format", "csv").count("\n") <= 1:
         for gres, price in DEMO_PRICES.items():
             gpucredit("price", "set", gres, price)
@@ -105,6 +107,18 @@ def up() -> list[str]:
         "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
     ]
     return said
+
+
+def make_private(database: Path) -> None:
+    """The box's embedded ledger readable by root alone, like the daemon's socket: its
+    directory 0700, the file and its -wal/-shm 0600. A ledger made before gpucredit
+    created them so (ledger.db) was world-readable; this tightens it on the next `up`."""
+    if not database.exists():
+        return
+    database.parent.chmod(0o700)
+    for path in (database, *(database.with_name(database.name + end) for end in ("-wal", "-shm"))):
+        if path.exists():
+            path.chmod(0o600)
 
 
 def _start_daemon(pid_file: Path, socket: Path, log_name: str) -> None:
@@ -148,4 +162,14 @@ def down() -> None:
         pid_file.unlink(missing_ok=True)
 
 
-__all__ = ["CONFIG", "GPUCREDIT", "down", "gpucredit", "running_pid", "up", "weigh_as_its_unit"]
+__all__ = [
+    "CONFIG",
+    "GPUCREDIT",
+    "LEDGER",
+    "down",
+    "gpucredit",
+    "make_private",
+    "running_pid",
+    "up",
+    "weigh_as_its_unit",
+]

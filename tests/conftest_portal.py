@@ -7,6 +7,8 @@ running one), so tests assert exact figures a user would read.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -164,6 +166,56 @@ def login_as(client: FlaskClient) -> Callable[[str], FlaskClient]:
         return client
 
     return log_in
+
+
+def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    """A secret file as an admin makes one (the portal refuses one others can read)."""
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return path
+
+
+# --- a real browser -----------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+# How Chromium runs on these machines: no sandbox as root, no GPU, and nothing that
+# phones home (the network is closed; Playwright gives it a new, empty profile).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 30_000  # the longest any page state may take to appear on 2 busy cores
+
+
+@pytest.fixture(scope="module")
+def playwright_api() -> Iterator[Any]:
+    """Playwright driving Debian's Chromium (never a browser Playwright downloads);
+    without them a browser test fails under CI and skips elsewhere."""
+    from tests.conftest import require
+
+    require(
+        importlib.util.find_spec("playwright") is not None,
+        "playwright",
+        "pip install -e '.[dev]' (it drives Debian's chromium; never run 'playwright install')",
+    )
+    require(os.access(CHROMIUM, os.X_OK), f"Chromium at {CHROMIUM}", "apt-get install chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def browser(playwright_api: Any) -> Iterator[Any]:
+    chromium = playwright_api.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    yield chromium
+    chromium.close()
 
 
 def bearer(secret: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """A real `gpucredit serve` (or `make demo`) in a subprocess, for tests that meet the
-portal as a browser or an operator does: waitress, a TOML file, a port.
+portal as a browser or an operator does: waitress, a TOML file, a port
+(`portal_config` writes one, `serve_portal` starts it).
 
 `Server.start` returns once waitress prints that it is serving (or raises with the
 process's output if it exits first); `stop` ends it with SIGINT, as Ctrl-C would.
@@ -11,8 +12,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 STARTUP_SECONDS = 90.0  # a cold import of Flask, SQLAlchemy and argon2 on 2 busy cores
 READY = "Serving on http://"  # waitress's line once its socket listens
@@ -78,3 +81,31 @@ class Server:
         if self.process.stdout is not None and not self._drainer.is_alive():
             self.process.stdout.close()
         return self.process.returncode
+
+
+def toml_value(value: object) -> str:
+    """A TOML value for the few types a test's config holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def portal_config(path: Path, database_url: str, portal: dict[str, object]) -> Path:
+    """A gpucredit.toml with the database and a [portal] table, as an admin writes one."""
+    lines = ["[database]", f"url = {toml_value(database_url)}", "", "[portal]"]
+    lines += [f"{key} = {toml_value(value)}" for key, value in portal.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def serve_portal(config: Path, port: int) -> Server:
+    """`gpucredit serve` on 127.0.0.1:`port` with `config`, started (see Server.start)."""
+    gpucredit = str(Path(sys.executable).parent / "gpucredit")
+    return Server(
+        [gpucredit, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        {"GPUCREDIT_CONFIG": str(config), "GPUCREDIT_DATABASE_URL": ""},
+    ).start()

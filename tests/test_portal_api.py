@@ -176,7 +176,21 @@ def test_a_hold_of_another_account_answers_like_a_missing_hold(call: Caller) -> 
     missing = call("GET", "/holds/999", "carol")
     assert seen.status_code == missing.status_code == 404
     assert seen.get_data(as_text=True).replace(str(physics_hold), "999") == missing.get_data(as_text=True)
-    assert call("GET", f"/holds/{physics_hold}", "bob").get_json()["job_id"] == 1001
+    assert call("GET", f"/holds/{physics_hold}", "alice").get_json()["job_id"] == 1001  # a manager: any
+
+
+def test_a_member_reads_only_their_own_holds_a_manager_the_accounts(call: Caller) -> None:
+    """Bob is a member of physics, alice its manager: the API shows bob what the pages
+    show him (his own jobs), never alice's, and alice everyone's."""
+    with call.ledger() as s:
+        holds = {hold.job_id: hold.id for hold in api.list_holds(s, "physics")}
+    alices, bobs = holds[1001], holds[1002]
+    hidden = call("GET", f"/holds/{alices}", "bob")
+    missing = call("GET", "/holds/999", "bob")
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.get_data(as_text=True).replace(str(alices), "999") == missing.get_data(as_text=True)
+    assert call("GET", f"/holds/{bobs}", "bob").get_json()["user"] == "bob"
+    assert call("GET", f"/holds/{bobs}", "alice").get_json()["user"] == "bob"
 
 
 def test_a_service_token_reads_no_ones_reports(call: Caller) -> None:
@@ -349,9 +363,12 @@ def test_an_unknown_hold_is_not_found(call: Caller) -> None:
 
 
 def test_holds_are_listed_newest_first_for_the_accounts_a_user_sees(call: Caller) -> None:
-    mine = call("GET", "/holds", "bob").get_json()
-    assert [h["job_id"] for h in mine["items"]] == [1003, 1002, 1001]
-    assert mine["next_cursor"] is None
+    managed = call("GET", "/holds", "alice").get_json()
+    assert [h["job_id"] for h in managed["items"]] == [1003, 1002, 1001]
+    assert managed["next_cursor"] is None
+    mine = call("GET", "/holds", "bob").get_json()  # a member: his own only
+    assert [(h["job_id"], h["user"]) for h in mine["items"]] == [(1002, "bob")]
+    assert call("GET", "/holds?account=physics", "bob").get_json()["items"] == mine["items"]
     everyone = call("GET", "/holds?state=settled", "service").get_json()
     assert [h["job_id"] for h in everyone["items"]] == [2001, 1002, 1001]
     with call.ledger() as s:
@@ -363,7 +380,7 @@ def test_holds_are_listed_newest_first_for_the_accounts_a_user_sees(call: Caller
 
 
 def test_an_accounts_jobs_are_its_holds_newest_first(call: Caller) -> None:
-    response = call("GET", "/accounts/physics/jobs", "bob")
+    response = call("GET", "/accounts/physics/jobs", "alice")
     assert response.status_code == 200
     jobs = response.get_json()["items"]
     assert [(j["job_id"], j["user"], j["state"], j["charged"]) for j in jobs] == [
@@ -371,8 +388,11 @@ def test_an_accounts_jobs_are_its_holds_newest_first(call: Caller) -> None:
         (1002, "bob", "settled", "2.00"),
         (1001, "alice", "settled", "3.60"),
     ]
-    active = call("GET", "/accounts/physics/jobs?state=active", "bob").get_json()["items"]
+    active = call("GET", "/accounts/physics/jobs?state=active", "alice").get_json()["items"]
     assert [j["job_id"] for j in active] == [1003]
+    # A member sees his own jobs, as on the jobs page.
+    bobs = call("GET", "/accounts/physics/jobs", "bob").get_json()["items"]
+    assert [(j["job_id"], j["user"]) for j in bobs] == [(1002, "bob")]
 
 
 # -- idempotency --------------------------------------------------------------------------
@@ -623,7 +643,7 @@ def test_accounts_are_listed_with_the_callers_role(call: Caller) -> None:
 
 
 def test_usage_is_reported_as_json_and_as_csv_with_the_same_figures(call: Caller) -> None:
-    by_gres = call("GET", "/accounts/physics/usage?group_by=gres", "bob").get_json()
+    by_gres = call("GET", "/accounts/physics/usage?group_by=gres", "alice").get_json()
     assert by_gres == {
         "items": [
             {"gres": "a100", "charged": "2.00", "gpu_seconds": 3600, "jobs": 1},
@@ -631,7 +651,7 @@ def test_usage_is_reported_as_json_and_as_csv_with_the_same_figures(call: Caller
         ],
         "next_cursor": None,
     }
-    as_csv = call("GET", "/accounts/physics/usage?group_by=gres&format=csv", "bob")
+    as_csv = call("GET", "/accounts/physics/usage?group_by=gres&format=csv", "alice")
     assert as_csv.status_code == 200
     assert as_csv.mimetype == "text/csv"
     assert (
@@ -642,6 +662,12 @@ def test_usage_is_reported_as_json_and_as_csv_with_the_same_figures(call: Caller
         by_accept.get_data(as_text=True)
         == "user,charged,gpu_seconds,jobs\nalice,3.60,3600,1\nbob,2.00,3600,1\n"
     )
+    # A member's usage is his own, in JSON and in CSV, however it is grouped.
+    bobs = call("GET", "/accounts/physics/usage?group_by=user&format=csv", "bob").get_data(as_text=True)
+    assert bobs == "user,charged,gpu_seconds,jobs\nbob,2.00,3600,1\n"
+    assert call("GET", "/accounts/physics/usage?group_by=gres", "bob").get_json()["items"] == [
+        {"gres": "a100", "charged": "2.00", "gpu_seconds": 3600, "jobs": 1}
+    ]
 
 
 def test_usage_in_a_window_counts_only_charges_in_it(call: Caller) -> None:
@@ -672,7 +698,7 @@ def test_the_journal_shows_each_entry_with_postings_that_sum_to_zero(call: Calle
     [
         ("alice", "/accounts/physics/entries"),
         ("admin", "/holds"),
-        ("bob", "/accounts/physics/jobs"),
+        ("alice", "/accounts/physics/jobs"),
         ("service", "/prices"),
         ("admin", "/accounts"),
         ("alice", "/accounts/physics/usage?group_by=user"),

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
+import pytest
 from flask.testing import FlaskClient
 
-from tests.conftest_portal import PASSWORD, Site, bearer, csrf_token, login, make_app
+from portal.settings import PortalConfigError
+from tests.conftest_portal import PASSWORD, Site, bearer, csrf_token, login, make_app, private_file
 
 
 def test_login_with_the_right_password_opens_a_session(client: FlaskClient, site: Site) -> None:
@@ -73,24 +77,49 @@ def test_every_response_carries_the_security_headers(client: FlaskClient, site: 
     assert "unsafe-inline" not in headers["Content-Security-Policy"]
 
 
-def test_single_sign_on_header_is_honoured_only_from_a_trusted_proxy(portal_db: str, site: Site) -> None:
+def test_single_sign_on_header_is_honoured_only_from_the_proxy_with_its_secret(
+    portal_db: str, site: Site, tmp_path: Path
+) -> None:
+    secret = "s3cr3t-" + "x" * 40
     app = make_app(
-        portal_db, portal={"auth": "header", "sso_header": "X-Remote-User", "trusted_proxies": ["10.0.0.7"]}
+        portal_db,
+        portal={
+            "auth": "header",
+            "sso_header": "X-Remote-User",
+            "trusted_proxies": ["10.0.0.7"],
+            "proxy_secret_file": str(private_file(tmp_path / "proxy-secret", secret)),
+        },
     )
-    client = app.test_client()
     from portal.auth import current
+    from portal.proxy import PROXY_SECRET_HEADER
 
-    with app.test_request_context(
-        "/", headers={"X-Remote-User": "alice"}, environ_base={"REMOTE_ADDR": "10.0.0.7"}
+    def who(address: str, headers: dict[str, str]) -> str | None:
+        with app.test_request_context("/", headers=headers, environ_base={"REMOTE_ADDR": address}):
+            app.preprocess_request()
+            found = current()
+            return None if found is None else f"{found.user} via {found.via}"
+
+    assert who("10.0.0.7", {"X-Remote-User": "alice", PROXY_SECRET_HEADER: secret}) == "alice via header"
+    # The proxy's address without its secret (any process on its host), the secret from
+    # elsewhere, or a wrong secret: nobody.
+    assert who("10.0.0.7", {"X-Remote-User": "admin"}) is None
+    assert who("10.0.0.7", {"X-Remote-User": "admin", PROXY_SECRET_HEADER: secret[:-1] + "y"}) is None
+    assert who("10.0.0.8", {"X-Remote-User": "admin", PROXY_SECRET_HEADER: secret}) is None
+
+
+def test_header_sign_on_will_not_start_without_a_configured_proxy(
+    portal_db: str, site: Site, tmp_path
+) -> None:
+    for portal, named in (
+        ({"auth": "header"}, "portal.trusted_proxies"),  # nothing: once loopback was trusted
+        ({"auth": "header", "trusted_proxies": ["127.0.0.1"]}, "portal.proxy_secret_file"),
+        (
+            {"auth": "header", "trusted_proxies": ["127.0.0.1"], "proxy_secret_file": str(tmp_path / "none")},
+            "does not exist",
+        ),
     ):
-        app.preprocess_request()
-        assert current() is not None and current().user == "alice" and current().via == "header"
-    with app.test_request_context(
-        "/", headers={"X-Remote-User": "admin"}, environ_base={"REMOTE_ADDR": "10.0.0.8"}
-    ):
-        app.preprocess_request()
-        assert current() is None
-    assert client is not None
+        with pytest.raises(PortalConfigError, match=re.escape(named)):
+            make_app(portal_db, portal=portal)
 
 
 def test_a_token_authenticates_until_it_is_revoked_or_expires(app, site: Site) -> None:

@@ -16,9 +16,7 @@ skip elsewhere. Nothing waits on a clock: Playwright's `expect` waits for page s
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
-import os
 import re
 import shutil
 import sys
@@ -29,51 +27,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require
-from tests.conftest_portal import PASSWORD, Site, seed_site
+from tests.conftest_portal import PASSWORD, TIMEOUT_MS, Site, seed_site
 from tests.fake_stripe import FakeStripe, event, signature
 from tests.served import Server, free_port
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-# How Chromium runs on these machines: no sandbox as root, no GPU, and nothing that
-# phones home (the network is closed; Playwright gives it a new, empty profile).
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 STRIPE_KEY = "sk_test_browser"
 WEBHOOK_SECRET = "whsec_browser_test"
 CHECKOUT = re.compile(r"^https://checkout\.stripe\.com/c/pay/(cs_test_\w+)$")
-TIMEOUT_MS = 30_000  # the longest any page state may take to appear on 2 busy cores
-
-
-@pytest.fixture(scope="module")
-def playwright_api() -> Iterator[Any]:
-    require(
-        importlib.util.find_spec("playwright") is not None,
-        "playwright",
-        "pip install -e '.[dev]' (it drives Debian's chromium; never run 'playwright install')",
-    )
-    require(os.access(CHROMIUM, os.X_OK), f"Chromium at {CHROMIUM}", "apt-get install chromium")
-    from playwright.sync_api import expect, sync_playwright
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as playwright:
-        yield playwright
-
-
-@pytest.fixture(scope="module")
-def browser(playwright_api: Any) -> Iterator[Any]:
-    chromium = playwright_api.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-    yield chromium
-    chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +65,7 @@ def portal_url(
     config = workdir / "gpucredit.toml"
     config.write_text(
         f'[database]\nurl = "{database_url}"\n\n'
-        f'[portal]\nsecret_key_file = "{workdir / "secret-key"}"\n\n'
+        f'[portal]\nsecret_key_file = "{workdir / "secret-key"}"\nmetrics_port = 0\n\n'
         '[payments]\nprovider = "stripe"\n\n'
         f'[payments.stripe]\nsecret_key = "{STRIPE_KEY}"\nwebhook_secret = "{WEBHOOK_SECRET}"\n'
         f'api_base = "{fake_stripe.api_base}"\n'

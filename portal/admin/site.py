@@ -14,6 +14,7 @@ from ledger import api
 from ledger.errors import LedgerError
 from portal.admin import forms
 from portal.admin.blueprints import admin_bp
+from portal.pages.common import row_id
 from portal.settings import portal_settings
 from portal.store import transaction
 
@@ -90,12 +91,10 @@ def prices() -> Any:
 @admin_bp.get("/holds")
 def holds(error: LedgerError | None = None) -> Any:
     """Active holds, newest first, a page at a time (`before`: the last id of the previous page)."""
-    before = request.args.get("before", "")
+    before = row_id(request.args.get("before"), "before")
     size = _page_size()
     with transaction() as s:
-        page = api.holds_page(
-            s, state="active", before_id=int(before) if before.isdigit() else None, limit=size + 1
-        )
+        page = api.holds_page(s, state="active", before_id=before, limit=size + 1)
     return render_template(
         "admin/holds.html",
         holds=[hold.as_dict() for hold in page[:size]],
@@ -104,7 +103,7 @@ def holds(error: LedgerError | None = None) -> Any:
     ), (error.http_status if error else 200)
 
 
-@admin_bp.post("/holds/<int:hold_id>/release")
+@admin_bp.post("/holds/<int(min=1, max=2147483647):hold_id>/release")
 def release(hold_id: int) -> Any:
     """Give a hold's unspent credit back to its account; what it charged stays charged."""
     try:

@@ -18,7 +18,9 @@ from portal.security import api_limit, csrf, limiter
 __all__ = ["init_app"]
 
 csrf.exempt(bp)
-limiter.limit(api_limit)(bp)
+# One budget per token over the whole API (a limit per operation would let a token
+# spend it again on each one).
+limiter.shared_limit(api_limit, scope="api")(bp)
 
 
 @bp.after_request

@@ -2,15 +2,15 @@
 
 A user token sees the accounts its user is a member of (and manages those where they
 are manager); an account it may not see answers exactly like one that does not exist.
+In an account, a member's token sees the member's own jobs and usage, a manager's the
+account's (portal.auth.own_user: the pages' rule).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
-from flask import Response, request
+from flask import request
 
 from ledger import api
 from ledger.errors import InvalidInput
@@ -18,7 +18,8 @@ from portal.api.access import time_of, visible
 from portal.api.paging import by_id, by_position
 from portal.api.registry import Call, body_schema, endpoint
 from portal.api.schemas import CREDITS_IN, HOLD_STATE, NAME, TEXT, TIME, nullable, ref
-from portal.auth import Forbidden, accounts_of
+from portal.auth import Forbidden, accounts_of, own_user
+from portal.csv_out import csv_response
 from portal.payments import start_topup  # the payments area owns providers
 from portal.store import transaction
 
@@ -201,16 +202,22 @@ def consume(call: Call, account: str) -> Any:
 )
 def usage_report(call: Call, account: str) -> Any:
     """Credits charged, GPU-seconds and jobs in [from, to), grouped by day (default), GPU
-    type, user or partition. `?format=csv` or `Accept: text/csv` returns every row as CSV."""
+    type, user or partition: the account's for its managers, a member's own for a member.
+    `?format=csv` or `Accept: text/csv` returns every row as CSV."""
     start, end = time_of(call.query, "from"), time_of(call.query, "to")
     if start is not None and end is not None and end < start:
         raise InvalidInput("to is before from", code="invalid_time", details={"field": "to"})
     group_by = call.query.get("group_by", "day")
     with transaction() as s:
-        visible(s, call.principal, account)
-        rows = api.usage_report(s, account=account, start=start, end=end, by=group_by)
+        role = visible(s, call.principal, account)
+        rows = api.usage_report(
+            s, account=account, user=own_user(role, call.principal), start=start, end=end, by=group_by
+        )
     if _wants_csv(call):
-        return _csv(rows, [group_by, "charged", "gpu_seconds", "jobs"], f"{account}-usage-by-{group_by}.csv")
+        columns = [group_by, "charged", "gpu_seconds", "jobs"]
+        return csv_response(
+            columns, ([row[c] for c in columns] for row in rows), f"{account}-usage-by-{group_by}.csv"
+        )
     return by_position(rows, call.page)
 
 
@@ -243,12 +250,15 @@ def entries(call: Call, account: str) -> Any:
     responses={200: ref("HoldPage")},
 )
 def jobs(call: Call, account: str) -> Any:
-    """Every run's hold (what it reserved and was charged), newest first."""
+    """Every run's hold (what it reserved and was charged), newest first: the account's
+    for its managers, a member's own for a member."""
     with transaction() as s:
-        visible(s, call.principal, account)
+        role = visible(s, call.principal, account)
+        user = own_user(role, call.principal)
         holds = api.holds_page(
             s,
-            accounts=[account],
+            accounts=[account] if user is None else [],
+            own=None if user is None else (user, [account]),
             state=call.query.get("state"),
             before_id=call.page.cursor,
             limit=call.page.limit + 1,
@@ -260,15 +270,3 @@ def _wants_csv(call: Call) -> bool:
     if "format" in call.query:
         return bool(call.query["format"] == "csv")
     return request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv"
-
-
-def _csv(rows: list[dict[str, Any]], columns: list[str], filename: str) -> Response:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return Response(
-        out.getvalue(),
-        mimetype="text/csv",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
-    )

@@ -14,7 +14,7 @@ from portal.api.access import duration_of, time_of, visible
 from portal.api.paging import by_id
 from portal.api.registry import Call, body_schema, endpoint
 from portal.api.schemas import GPUS, HOLD_STATE, MAX_ID, NAME, SECONDS, TIME, ref
-from portal.auth import accounts_of
+from portal.auth import accounts_of, own_user
 from portal.store import transaction
 
 SERVICES = ("service", "admin")
@@ -29,7 +29,7 @@ RESERVE = body_schema(
         "user": NAME,
         "job_id": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
         "gpus": GPUS,
-        "seconds": {**SECONDS, "description": "the job's time limit"},
+        "seconds": {**SECONDS, "minimum": 1, "description": "the job's time limit"},
         "cluster": CLUSTER,
         "run": {"type": "integer", "minimum": 0, "maximum": MAX_ID, "description": "SLURM_JOB_RESTART_COUNT"},
         "partition": NAME,
@@ -160,11 +160,13 @@ def release(call: Call, hold_id: int) -> Any:
     responses={200: ref("Hold")},
 )
 def show_hold(call: Call, hold_id: int) -> Any:
-    """One hold; a user token reads the holds of its accounts only."""
+    """One hold; a user token reads the holds of its accounts only, a member's only the
+    member's own."""
     who = call.principal
     with transaction() as s:
         hold = api.get_hold(s, hold_id)
-        if not (who.is_service or hold.account in accounts_of(s, who)):
+        role = "service" if who.is_service else accounts_of(s, who).get(hold.account)
+        if role is None or own_user(role, who) not in (None, hold.user):
             raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})
         return hold.as_dict()
 
@@ -181,18 +183,23 @@ def show_hold(call: Call, hold_id: int) -> Any:
     responses={200: ref("HoldPage")},
 )
 def list_holds(call: Call) -> Any:
-    """Holds newest first, of one account or of every account the token may see."""
+    """Holds newest first, of one account or of every account the token may see: a
+    member's own in accounts where the token's user is a member, every hold in those
+    they manage."""
     who = call.principal
     account = call.query.get("account")
     with transaction() as s:
         if account is not None:
-            visible(s, who, account)
-            accounts: list[str] | None = [account]
+            roles = {account: visible(s, who, account)}
         else:
-            accounts = None if who.is_service or who.is_admin else list(accounts_of(s, who))
+            roles = {} if who.is_service or who.is_admin else accounts_of(s, who)
+        everyone = [name for name, role in roles.items() if own_user(role, who) is None]
+        own = [name for name, role in roles.items() if own_user(role, who) is not None]
+        unlimited = account is None and (who.is_service or who.is_admin)
         holds = api.holds_page(
             s,
-            accounts=accounts,
+            accounts=None if unlimited else everyone,
+            own=(who.user, own) if own else None,
             state=call.query.get("state"),
             before_id=call.page.cursor,
             limit=call.page.limit + 1,

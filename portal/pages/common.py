@@ -1,4 +1,5 @@
-"""What the page modules share: who sees whose jobs, page length, times from a form."""
+"""What the page modules share: page length, times from a form (who sees whose jobs
+is portal.auth.own_user, one rule for pages, CSV and API)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,9 @@ from flask import current_app
 from ledger.errors import InvalidInput
 from ledger.money import parse_credits
 from ledger.timeutil import parse_time
-from portal.auth import Principal
 from portal.settings import portal_settings
 
 DATE_LENGTH = len("2026-12-01")
-
-
-def own_user(role: str, who: Principal) -> str | None:
-    """The user whose jobs and usage a member is limited to; None (everyone's) for the
-    account's managers and admins."""
-    return who.user if role == "member" else None
 
 
 def page_size() -> int:
@@ -49,6 +43,23 @@ def form_time(text: str | None, field: str, *, end_of_day: bool = False) -> date
 def ucredits(amount: str) -> int:
     """A decimal string the ledger formatted, back to micro-credits (any sign)."""
     return parse_credits(amount, allow_zero=True, allow_negative=True)
+
+
+MAX_ROW_ID = 2**31 - 1  # ids are 32-bit integers on PostgreSQL (portal.api.schemas.MAX_ID)
+
+
+def row_id(value: str | None, field: str) -> int | None:
+    """A row id from a query string (a page's cursor): empty is None; anything but a
+    whole number 1..MAX_ROW_ID is a 422 naming the field, never a database overflow."""
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_ROW_ID:
+        raise InvalidInput(
+            f"{field} must be a whole number from 1 to {MAX_ROW_ID}",
+            code=f"invalid_{field}",
+            details={"field": field, "value": value[:32], "cap": MAX_ROW_ID},
+        )
+    return int(value)
 
 
 def choice(value: str | None, allowed: tuple[str, ...], field: str) -> str | None:

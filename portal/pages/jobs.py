@@ -16,9 +16,9 @@ from ledger import api
 from ledger.errors import NotFound
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
-from portal.auth import login_required, principal, require_account
+from portal.auth import login_required, own_user, principal, require_account
 from portal.pages import bp
-from portal.pages.common import choice, own_user, page_size
+from portal.pages.common import choice, page_size, row_id
 from portal.pages.figures import cost_so_far, elapsed_seconds, slurm_duration
 from portal.pages.output import output_tail
 from portal.store import transaction
@@ -53,7 +53,7 @@ NODE_FAIL_REFUND = "node_fail_refund"  # the bridge's job_runs flag
 def jobs(account: str) -> Any:
     who = principal()
     status = choice(request.args.get("state"), STATUSES, "state")
-    before = request.args.get("before", type=int)
+    before = row_id(request.args.get("before"), "before")
     size = page_size()
     now = utcnow()
     with transaction() as s:
@@ -73,7 +73,7 @@ def jobs(account: str) -> Any:
     )
 
 
-@bp.route("/accounts/<account>/jobs/<int:hold_id>")
+@bp.route("/accounts/<account>/jobs/<int(min=1, max=2147483647):hold_id>")
 @login_required
 def job(account: str, hold_id: int) -> Any:
     who = principal()

@@ -7,8 +7,6 @@ strings as the table, so a spreadsheet adds up to the page.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,10 +15,11 @@ from flask import Response, render_template, request
 
 from ledger import api
 from ledger.timeutil import utcnow
-from portal.auth import login_required, principal, require_account
+from portal.auth import login_required, own_user, principal, require_account
+from portal.csv_out import csv_response
 from portal.pages import bp
 from portal.pages.chart import bar_chart
-from portal.pages.common import choice, form_time, own_user, ucredits
+from portal.pages.common import choice, form_time, ucredits
 from portal.store import transaction
 
 GROUPS = ("day", "gres", "user", "partition")
@@ -91,15 +90,10 @@ def usage(account: str) -> Any:
 def usage_csv(account: str) -> Response:
     span = _range("day")
     _role, rows = _report(account, span)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow((span.by, *CSV_COLUMNS))
-    for row in rows:
-        writer.writerow((row[span.by], *(row[column] for column in CSV_COLUMNS)))
-    return Response(
-        out.getvalue(),
-        mimetype="text/csv",
-        headers={"Content-Disposition": f'attachment; filename="usage-{account}-by-{span.by}.csv"'},
+    return csv_response(
+        (span.by, *CSV_COLUMNS),
+        ((row[span.by], *(row[column] for column in CSV_COLUMNS)) for row in rows),
+        f"usage-{account}-by-{span.by}.csv",
     )
 
 

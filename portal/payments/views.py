@@ -83,7 +83,7 @@ def _topup_page(
     )
 
 
-@bp.route("/accounts/<account>/payments/<int:payment_id>")
+@bp.route("/accounts/<account>/payments/<int(min=1, max=2147483647):payment_id>")
 @login_required
 def payment(account: str, payment_id: int) -> Any:
     """Where the payer lands after a checkout, and where an invoice's state shows."""
@@ -122,7 +122,7 @@ def admin() -> Any:
     return render_template("payments/admin.html", pending=pending, recent=recent, new_key=_new_key)
 
 
-@bp.route("/admin/payments/<int:payment_id>/paid", methods=["POST"])
+@bp.route("/admin/payments/<int(min=1, max=2147483647):payment_id>/paid", methods=["POST"])
 @login_required
 def mark_paid(payment_id: int) -> Any:
     """An invoice's money arrived: the top-up grant is created now."""
@@ -143,7 +143,7 @@ def mark_paid(payment_id: int) -> Any:
     return redirect(url_for("payments.admin"), 303)
 
 
-@bp.route("/admin/payments/<int:payment_id>/cancel", methods=["POST"])
+@bp.route("/admin/payments/<int(min=1, max=2147483647):payment_id>/cancel", methods=["POST"])
 @login_required
 def cancel(payment_id: int) -> Any:
     """An invoice that will not be paid; a paid one stays paid."""
