@@ -44,8 +44,8 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from accounting_bridge.reconcile import reconcile_runs
-from accounting_bridge.sacct import SacctRun, parse_parsable2
+from accounting_bridge.sacct.reconcile import reconcile_runs
+from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from bench.goals import report
 from ledger import api
 from ledger.bulk import insert_rows

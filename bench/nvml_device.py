@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accounting_bridge.sampler import (
+from accounting_bridge.nvml.sampler import (
     GpuRegistry,
     JobRunKey,
     UsageAccumulator,

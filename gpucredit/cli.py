@@ -34,14 +34,14 @@ def _build() -> object:
     """The root group: the ledger's commands, then each package's sub-group."""
     import click
 
-    from accounting_bridge.agent import agent_command
-    from accounting_bridge.associations import import_slurm_command
-    from accounting_bridge.cli import bridge
-    from accounting_bridge.fairshare_cli import fairshare
-    from accounting_bridge.limits_cli import limits_show_command, limits_sync_command
-    from accounting_bridge.meter import meter_command
-    from accounting_bridge.policy_cli import policy
-    from accounting_bridge.slurm_check import slurm_check_command
+    from accounting_bridge.meter.meter import meter_command
+    from accounting_bridge.nvml.agent import agent_command
+    from accounting_bridge.outage.cli import policy
+    from accounting_bridge.sacct.cli import bridge
+    from accounting_bridge.sync.associations import import_slurm_command
+    from accounting_bridge.sync.fairshare_cli import fairshare
+    from accounting_bridge.sync.limits_cli import limits_show_command, limits_sync_command
+    from accounting_bridge.sync.slurm_check import slurm_check_command
     from ledger.cli import COMMANDS, account_group, limits_group
     from portal.cli import COMMANDS as PORTAL_COMMANDS
     from slurm_hooks.admin.cli import slurm

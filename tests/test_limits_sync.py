@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from accounting_bridge import fairshare_sync
-from accounting_bridge.assoc_batch import named_commands, user_commands
-from accounting_bridge.limits_keeper import LimitsKeeper
-from accounting_bridge.limits_sync import (
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.sync import fairshare_sync
+from accounting_bridge.sync.assoc_batch import named_commands, user_commands
+from accounting_bridge.sync.limits_sync import (
     PARTITIONS_ARGV,
     SHOW_QOS_ARGV,
     SHOW_TRES_ARGV,
@@ -36,9 +36,9 @@ from accounting_bridge.limits_sync import (
     read_slurm,
     show_assoc_argv,
 )
-from accounting_bridge.scarcity import ScarcityPolicy, decide
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.sync.scarcity import ScarcityPolicy, decide
 from gpucredit.cli import _build
+from gpucredit.daemon.limits_keeper import LimitsKeeper
 from ledger import api, cli_support
 from ledger.config import DEFAULTS
 from ledger.db import make_sessionmaker

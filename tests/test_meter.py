@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import func, select
 
 import ledger.holds
-from accounting_bridge.meter import CompactSqueue, Meter, cancel_argvs
-from accounting_bridge.sacct import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.meter.meter import CompactSqueue, Meter, cancel_argvs
+from accounting_bridge.slurm.records import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from ledger import api
 from ledger.errors import NotFound
 from ledger.journal import REVENUE, entries_t, postings_t

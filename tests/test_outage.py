@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from accounting_bridge.outage_readback import OutageKeeper, read_back, refresh_sheet
-from accounting_bridge.reconcile import DEFAULT_POLICY, reconcile_runs
+from accounting_bridge.outage.readback import OutageKeeper, read_back, refresh_sheet
+from accounting_bridge.sacct.reconcile import DEFAULT_POLICY, reconcile_runs
 from gpucredit.cli import _build
 from ledger import api
 from ledger.bounds import OutageConfig, OutageLines, RunningRun, outage_bound

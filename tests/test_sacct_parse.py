@@ -19,15 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting_bridge import sacct
-from accounting_bridge.backends import (
+from accounting_bridge.slurm import records as sacct
+from accounting_bridge.slurm.backends import (
     CommandsSource,
     PyslurmSource,
     make_job_source,
     parse_slurm_version,
     select_backend,
 )
-from accounting_bridge.sacct import (
+from accounting_bridge.slurm.records import (
     SACCT_FIELDS,
     ParseError,
     SacctRun,
@@ -37,7 +37,7 @@ from accounting_bridge.sacct import (
     sacct_argv,
     sacct_jobs_argv,
 )
-from accounting_bridge.slurmcmd import (
+from accounting_bridge.slurm.slurmcmd import (
     FakeResponse,
     FakeRunner,
     SlurmCommandError,

@@ -36,11 +36,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from accounting_bridge import ingest
-from accounting_bridge.fairshare import FairsharePolicy, account_shares
-from accounting_bridge.meter import Meter
-from accounting_bridge.reconcile import Policy, RunOutcome, reconcile_stored
-from accounting_bridge.sacct import ParseResult, SacctRun, SqueueJob, SqueueResult
+from accounting_bridge.meter.meter import Meter
+from accounting_bridge.sacct import ingest
+from accounting_bridge.sacct.reconcile import Policy, RunOutcome, reconcile_stored
+from accounting_bridge.slurm.records import ParseResult, SacctRun, SqueueJob, SqueueResult
+from accounting_bridge.sync.fairshare import FairsharePolicy, account_shares
 from bench.sim.workload import PRICE_CHANGE, PRICES_UCREDITS_PER_HOUR, T0, Config, JobSpec, Workload
 from gpucredit.daemon import hook_service
 from ledger import api

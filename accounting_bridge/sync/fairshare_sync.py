@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accounting_bridge.assoc_batch import MAX_LIST_CHARS, Value, named_commands, user_commands
-from accounting_bridge.fairshare import Shares
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.sync.assoc_batch import MAX_LIST_CHARS, Value, named_commands, user_commands
+from accounting_bridge.sync.fairshare import Shares
 from slurmtext import parse_parsable, parse_raw_shares
 
 __all__ = [

@@ -47,8 +47,8 @@ def _job_source(ctx: click.Context, config: dict[str, Any]) -> Any:
     injected = _context_object(ctx).get("job_source")
     if injected is not None:
         return injected
-    from accounting_bridge.backends import CommandsSource
-    from accounting_bridge.slurmcmd import SubprocessRunner
+    from accounting_bridge.slurm.backends import CommandsSource
+    from accounting_bridge.slurm.slurmcmd import SubprocessRunner
 
     return CommandsSource(SubprocessRunner(config["slurm"]["bin_dir"]), cluster=config["slurm"]["cluster"])
 
@@ -170,9 +170,9 @@ def sacct_command(
 
     from sqlalchemy.exc import OperationalError
 
-    from accounting_bridge.ingest import ingest_round
-    from accounting_bridge.reconcile import Policy
-    from accounting_bridge.slurmcmd import SlurmCommandError
+    from accounting_bridge.sacct.ingest import ingest_round
+    from accounting_bridge.sacct.reconcile import Policy
+    from accounting_bridge.slurm.slurmcmd import SlurmCommandError
     from ledger.config import load_config
 
     config = load_config()
@@ -238,7 +238,7 @@ def reconcile_command(ctx: click.Context, include_all: bool, since: str | None, 
     `error`: an unknown account or GPU type, ...); with --all, re-checks every
     charge against Slurm's record, e.g. after a price or policy change.
     """
-    from accounting_bridge.reconcile import Policy, reconcile_stored
+    from accounting_bridge.sacct.reconcile import Policy, reconcile_stored
     from ledger.config import load_config
 
     summary = reconcile_stored(

@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 
 import click
 
-from accounting_bridge.limits_sync import (
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
+from accounting_bridge.sync.limits_sync import (
     LimitsPlan,
     SlurmView,
     apply_plan,
@@ -29,8 +30,7 @@ from accounting_bridge.limits_sync import (
     read_slurm,
     tres_text,
 )
-from accounting_bridge.scarcity import ScarcityDecision, ScarcityPolicy
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
+from accounting_bridge.sync.scarcity import ScarcityDecision, ScarcityPolicy
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, parse_time_option, transaction
 from ledger.config import load_config

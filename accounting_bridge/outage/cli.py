@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from accounting_bridge.outage_readback import read_back, refresh_sheet
+from accounting_bridge.outage.readback import read_back, refresh_sheet
 from ledger import api
 from ledger.cli_support import emit, engine_for, format_option, ledger_command, transaction
 from ledger.config import load_config

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, tzinfo
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
-from accounting_bridge.sacct import (
+from accounting_bridge.slurm.records import (
     ParseError,
     ParseResult,
     SqueueJob,
@@ -54,7 +54,7 @@ from accounting_bridge.sacct import (
     sacct_jobs_argv,
     squeue_argv,
 )
-from accounting_bridge.slurmcmd import Runner
+from accounting_bridge.slurm.slurmcmd import Runner
 from slurmtext import (
     JobSpec,
     expand_hostlist,

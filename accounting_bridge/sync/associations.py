@@ -12,7 +12,7 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
-from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError, SubprocessRunner
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config

@@ -17,8 +17,9 @@ from typing import Any, NoReturn
 
 import click
 
-from accounting_bridge.fairshare import FairsharePolicy, Shares, account_shares
-from accounting_bridge.fairshare_sync import (
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
+from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares
+from accounting_bridge.sync.fairshare_sync import (
     SSHARE_ARGV,
     apply_plan,
     plan_changes,
@@ -26,7 +27,6 @@ from accounting_bridge.fairshare_sync import (
     read_sshare,
     show_argv,
 )
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config

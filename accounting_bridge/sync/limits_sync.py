@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from accounting_bridge.assoc_batch import Value, named_commands, user_commands
-from accounting_bridge.scarcity import ScarcityDecision, ScarcityPolicy, decide
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.sync.assoc_batch import Value, named_commands, user_commands
+from accounting_bridge.sync.scarcity import ScarcityDecision, ScarcityPolicy, decide
 from ledger import api
 from slurmtext import (
     SlurmTextError,

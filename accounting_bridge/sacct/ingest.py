@@ -24,8 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from accounting_bridge.backends import JobSource
-from accounting_bridge.reconcile import (
+from accounting_bridge.sacct.reconcile import (
     DEFAULT_BATCH_RUNS,
     DEFAULT_POLICY,
     Policy,
@@ -33,7 +32,8 @@ from accounting_bridge.reconcile import (
     Summary,
     reconcile_runs,
 )
-from accounting_bridge.sacct import ParseError
+from accounting_bridge.slurm.backends import JobSource
+from accounting_bridge.slurm.records import ParseError
 from ledger import jobruns
 from ledger.timeutil import format_time
 
