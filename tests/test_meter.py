@@ -302,7 +302,7 @@ def test_notify_mode_only_logs(tx, caplog: pytest.LogCaptureFixture) -> None:
     runner = FakeRunner()  # any command would raise UnexpectedCommandError
     clock = Clock(T0 + timedelta(seconds=1890))
     meter = make_meter(tx, FakeSqueue([running(4201)]), clock, runner, on_exhausted="notify")
-    with caplog.at_level(logging.WARNING, logger="accounting_bridge.meter"):
+    with caplog.at_level(logging.WARNING, logger="accounting_bridge.meter.meter"):
         report = meter.tick()
     assert runner.calls == []
     assert [(a.kind, a.argvs) for a in report.actions] == [("notify", ())]

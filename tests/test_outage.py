@@ -1,5 +1,5 @@
 """Policy accept with outage credit lines (slurm_hooks/outage_spool.py), the read-back
-that charges what the hooks admitted (accounting_bridge/outage_readback.py), and the
+that charges what the hooks admitted (accounting_bridge/outage/readback.py), and the
 overspend bound (ledger/bounds.py, `gpucredit policy bound`); docs/outage.md.
 
 The hooks run in-process against a daemon socket nobody listens on (the ledger is

@@ -1,10 +1,10 @@
 """`gpucredit agent`: one per node; NVML samples become per-job-run GPU metrics.
 
 Each tick samples every GPU unit (a whole GPU or a MIG instance,
-:func:`accounting_bridge.sampler.sample_node`), reads which job run owns which unit
+:func:`accounting_bridge.nvml.sampler.sample_node`), reads which job run owns which unit
 from the registry files the node Prolog wrote (``agent.spool_dir``, ``%n`` = the node
 name), and charges the time since the previous tick to the owners
-(:class:`~accounting_bridge.sampler.UsageAccumulator`). A unit nobody owns is
+(:class:`~accounting_bridge.nvml.sampler.UsageAccumulator`). A unit nobody owns is
 charged to nobody. Then it adds what changed to the ledger database's ``gpu_usage``
 (:func:`ledger.api.add_gpu_usage`): metrics, never charges.
 

@@ -4,7 +4,7 @@
     gpucredit bridge reconcile [--all] [--since T]                            re-check ingested runs
     gpucredit bridge meter [--once] [--interval S]                            provisional charges
 
-`meter` lives in accounting_bridge/meter.py and is added to this group by the CLI
+`meter` lives in accounting_bridge/meter/meter.py and is added to this group by the CLI
 root (gpucredit/cli.py), like every sub-group.
 
 Tests inject the job source, the clock and the sleep through the click context
@@ -41,8 +41,8 @@ def _context_object(ctx: click.Context) -> dict[str, Any]:
 def _job_source(ctx: click.Context, config: dict[str, Any]) -> Any:
     """The injected source (tests), else sacct on this machine.
 
-    Finished runs always come from sacct (see backends.py: pyslurm's accounting
-    API loses requeued attempts), so no pyslurm probing here.
+    Finished runs always come from sacct (see accounting_bridge/slurm/backends.py:
+    pyslurm's accounting API loses requeued attempts), so no pyslurm probing here.
     """
     injected = _context_object(ctx).get("job_source")
     if injected is not None:

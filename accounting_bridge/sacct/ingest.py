@@ -1,7 +1,7 @@
 """Incremental sacct ingestion: each round reads a window from a persisted cursor.
 
 A round asks the job source for the finished runs of jobs active in
-``[cursor - overlap, now]``, reconciles them (:mod:`accounting_bridge.reconcile`)
+``[cursor - overlap, now]``, reconciles them (:mod:`accounting_bridge.sacct.reconcile`)
 and moves the cursor (``cursors`` row ``sacct``) to ``now``. The overlap is there
 because sacct rows surface late (a half-written record for a few seconds after a
 short job ends; a job with a future ``--begin`` only once it became eligible);
@@ -67,7 +67,8 @@ def _output_of(error: ParseError) -> str:
 
     CommandsSource reads a window, then every attempt of the jobs it found by id;
     a bad row whose job id it could read is reported from the by-id output, any
-    other from the window's (backends.py). Both are numbered from 1.
+    other from the window's (accounting_bridge/slurm/backends.py). Both are numbered
+    from 1.
     """
     return "window" if error.job_id is None else "by job id"
 

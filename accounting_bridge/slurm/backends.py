@@ -10,8 +10,8 @@ Both return parse results (records *and* errors): nothing Slurm printed is
 dropped silently, and the caller decides what a partial answer is worth.
 
 :class:`CommandsSource` runs ``sacct`` and ``squeue`` through a
-:class:`~accounting_bridge.slurmcmd.Runner` and parses their output with the
-pure parsers in :mod:`accounting_bridge.sacct`. It is always available.
+:class:`~accounting_bridge.slurm.slurmcmd.Runner` and parses their output with the
+pure parsers in :mod:`accounting_bridge.slurm.records`. It is always available.
 
 :class:`PyslurmSource` uses ``pyslurm`` for running jobs. It is chosen only
 when ``pyslurm`` imports *and* its major.minor equals the running Slurm's

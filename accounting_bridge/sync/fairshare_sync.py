@@ -1,11 +1,11 @@
-"""Push the formula's shares (accounting_bridge/fairshare.py) into Slurm's associations.
+"""Push the formula's shares (accounting_bridge/sync/fairshare.py) into Slurm's associations.
 
 Read what Slurm has (`sacctmgr show associations`), plan the changes (pure), apply
 them with as few `sacctmgr modify` calls as Slurm allows, and read `sshare` for
 `gpucredit fairshare show`. A call costs about 0.3 s whatever its length
 (bench/fairshare_sync.py), so accounts that get the same shares share one call, and so
 do users, across accounts, wherever the users x accounts product of the call reaches
-only associations meant to get that value (accounting_bridge/assoc_batch.py).
+only associations meant to get that value (accounting_bridge/sync/assoc_batch.py).
 
 A sync that fails half-way leaves Slurm part-updated; the next one finishes it, as a
 sync of what is already right plans nothing.

@@ -8,8 +8,8 @@ daemon or the network is down (docs/limits-sync.md)::
     member:  at most N GPUs at once            user association GrpTRES         AssocGrpGRES
     account blocked (no credit, daily cap)     account association GrpTRES = 0  AssocGrpGRES
     member blocked (their daily cap)           user association GrpTRES = 0     AssocGrpGRES
-    partition scarce (accounting_bridge/       the partition QOS's gres/gpu     QOSMaxGRESPerUser,
-      scarcity.py)                             MaxTRESPerUser/MaxTRESPerAccount QOSMaxGRESPerAccount
+    partition scarce (scarcity.py)             the partition QOS's gres/gpu     QOSMaxGRESPerUser,
+                                               MaxTRESPerUser/MaxTRESPerAccount QOSMaxGRESPerAccount
 
 A GPU limit is written as gres/gpu=N and gres/gpu:TYPE=N for every GPU TRES Slurm
 tracks: gres/gpu is what binds an untyped request (`--gres=gpu:1` counts against
@@ -26,7 +26,7 @@ So its block goes onto its own users' associations, and its cap is left to the l
 
 Reading Slurm (`read_slurm`, five commands), planning (`plan_limits`, pure) and
 applying (`apply_plan`) are separate, so `--dry-run`, `limits show --slurm` and
-`slurm check` share them. Calls are batched by accounting_bridge/assoc_batch.py.
+`slurm check` share them. Calls are batched by accounting_bridge/sync/assoc_batch.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slur
 What a request needs from Slurm (partitions and their GPU types) a background thread
 learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm_facts);
 only background loops run other commands: the release loop (squeue, scontrol) and, with
-`limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
+`limits_sync.in_daemon`, the limits keeper (sacctmgr; gpucredit/daemon/limits_keeper.py).
 
 One thread serves the socket (gpucredit.daemon.socket_loop): it answers quotes (`submit`)
 itself from the snapshot, never waiting on a batch, and hands holds and settles to the
