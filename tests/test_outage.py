@@ -22,9 +22,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from accounting_bridge.outage.readback import OutageKeeper, read_back, refresh_sheet
+from accounting_bridge.outage.readback import read_back, refresh_sheet
 from accounting_bridge.sacct.reconcile import DEFAULT_POLICY, reconcile_runs
 from gpucredit.cli import _build
+from gpucredit.daemon.outage_keeper import OutageKeeper
 from ledger import api
 from ledger.bounds import OutageConfig, OutageLines, RunningRun, outage_bound
 from ledger.db import make_sessionmaker

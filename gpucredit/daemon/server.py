@@ -40,13 +40,13 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from accounting_bridge.outage.readback import OutageKeeper
 from accounting_bridge.slurm.records import parse_squeue_json
 from accounting_bridge.slurm.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
 from gpucredit.daemon.limits_keeper import LimitsKeeper
+from gpucredit.daemon.outage_keeper import OutageKeeper
 from gpucredit.daemon.quote_memo import QuoteMemo
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop
