@@ -17,11 +17,11 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import click
 
+from accounting_bridge.cli_support import clock, injected
 from ledger.cli_support import emit, engine_for, format_option, ledger_command, parse_time_option
 
 
@@ -33,31 +33,19 @@ def bridge() -> None:
 # --------------------------------------------------------------------------- context
 
 
-def _context_object(ctx: click.Context) -> dict[str, Any]:
-    obj = ctx.find_object(dict)
-    return obj if obj is not None else {}
-
-
 def _job_source(ctx: click.Context, config: dict[str, Any]) -> Any:
     """The injected source (tests), else sacct on this machine.
 
     Finished runs always come from sacct (see accounting_bridge/slurm/backends.py:
     pyslurm's accounting API loses requeued attempts), so no pyslurm probing here.
     """
-    injected = _context_object(ctx).get("job_source")
-    if injected is not None:
-        return injected
+    source = injected(ctx, "job_source")
+    if source is not None:
+        return source
     from accounting_bridge.slurm.backends import CommandsSource
     from accounting_bridge.slurm.slurmcmd import SubprocessRunner
 
     return CommandsSource(SubprocessRunner(config["slurm"]["bin_dir"]), cluster=config["slurm"]["cluster"])
-
-
-def _clock(ctx: click.Context) -> Callable[[], datetime]:
-    from ledger.timeutil import utcnow
-
-    clock: Callable[[], datetime] = _context_object(ctx).get("clock") or utcnow
-    return clock
 
 
 def _session_factory() -> Any:
@@ -178,8 +166,8 @@ def sacct_command(
     config = load_config()
     policy = Policy.from_config(config)
     source = _job_source(ctx, config)
-    clock = _clock(ctx)
-    sleep: Callable[[float], None] = _context_object(ctx).get("sleep") or time.sleep
+    time_now = clock(ctx)
+    sleep: Callable[[float], None] = injected(ctx, "sleep") or time.sleep
     first_since = parse_time_option(since, "since")
     factory = _session_factory()
     done = 0
@@ -189,7 +177,7 @@ def sacct_command(
             result = ingest_round(
                 factory,
                 source,
-                now=clock(),
+                now=time_now(),
                 since=first_since if done == 0 else None,
                 overlap=timedelta(seconds=overlap_seconds),
                 policy=policy,
@@ -246,7 +234,7 @@ def reconcile_command(ctx: click.Context, include_all: bool, since: str | None, 
         Policy.from_config(load_config()),
         include_all=include_all,
         since=parse_time_option(since, "since"),
-        now=_clock(ctx)(),
+        now=clock(ctx)(),
     )
     data = summary.as_dict()
     data["counts"]["malformed"] = 0
