@@ -1,11 +1,9 @@
-"""`gpucredit bridge ...`: Slurm accounting <-> ledger.
+"""`gpucredit bridge sacct` and `gpucredit bridge reconcile`: finished runs into the ledger.
 
     gpucredit bridge sacct [--since T] [--follow] [--interval S] [--strict]   ingest finished runs
     gpucredit bridge reconcile [--all] [--since T]                            re-check ingested runs
-    gpucredit bridge meter [--once] [--interval S]                            provisional charges
 
-`meter` lives in accounting_bridge/meter/meter.py and is added to this group by the CLI
-root (gpucredit/cli.py), like every sub-group.
+The `bridge` group that holds them, and the meter, is accounting_bridge/cli.py.
 
 Tests inject the job source, the clock and the sleep through the click context
 object: ``runner.invoke(root, [...], obj={"job_source": ..., "clock": ..., "sleep": ...})``.
@@ -24,10 +22,7 @@ import click
 from accounting_bridge.cli_support import clock, injected
 from ledger.cli_support import emit, engine_for, format_option, ledger_command, parse_time_option
 
-
-@click.group("bridge")
-def bridge() -> None:
-    """Slurm accounting <-> ledger: sacct ingestion, reconciliation, metering."""
+__all__ = ["reconcile_command", "sacct_command"]
 
 
 # --------------------------------------------------------------------------- context
@@ -108,7 +103,7 @@ def _report_failures(data: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- commands
 
 
-@bridge.command("sacct")
+@click.command("sacct")
 @click.option("--since", default=None, metavar="TIME", help="Read from TIME instead of the cursor.")
 @click.option("--follow", is_flag=True, help="Keep ingesting, one round every --interval seconds.")
 @click.option(
@@ -213,7 +208,7 @@ def sacct_command(
         sys.exit(status)
 
 
-@bridge.command("reconcile")
+@click.command("reconcile")
 @click.option("--all", "include_all", is_flag=True, help="Every ingested run, not only failed ones.")
 @click.option("--since", default=None, metavar="TIME", help="Only runs that ended at or after TIME.")
 @format_option
