@@ -701,3 +701,17 @@ def test_the_keeper_syncs_everything_first_then_only_accounts_whose_block_change
     ticks[0] = 31.0  # the full sync is due again: reads, finds nothing to do
     keeper.run = slurm.expect()
     assert keeper.tick().changes == ()  # type: ignore[union-attr]
+
+
+def test_every_reader_of_associations_runs_the_one_command_line() -> None:
+    """import-slurm, fairshare and limits read `sacctmgr show associations` through one builder,
+    with their own fields: the argv the recorded fixtures were taken with."""
+    from accounting_bridge.sync.assoc_batch import show_associations_argv
+    from accounting_bridge.sync.associations import SACCTMGR_ARGV
+
+    show = ["sacctmgr", "--noheader", "--parsable2", "show", "associations"]
+    lab = [*show, "where", "cluster=lab"]
+    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user"]
+    assert fairshare_sync.show_argv("lab") == [*lab, "format=account,user,partition,fairshare"]
+    assert show_assoc_argv("lab") == [*lab, "format=account,user,partition,parentname,grptres"]
+    assert show_associations_argv("account", cluster="lab") == [*lab, "format=account"]

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from accounting_bridge.sync.assoc_batch import MAX_LIST_CHARS, Value, named_commands, user_commands
+from accounting_bridge.sync.assoc_batch import (
+    MAX_LIST_CHARS,
+    Value,
+    named_commands,
+    show_associations_argv,
+    user_commands,
+)
 from accounting_bridge.sync.fairshare import Shares
 from slurmtext import parse_parsable, parse_raw_shares
 
@@ -47,16 +53,7 @@ Association = tuple[str, str]  # (account, user); user "" is the account's own a
 
 
 def show_argv(cluster: str) -> list[str]:
-    return [
-        "sacctmgr",
-        "--noheader",
-        "--parsable2",
-        "show",
-        "associations",
-        "where",
-        f"cluster={cluster}",
-        "format=account,user,partition,fairshare",
-    ]
+    return show_associations_argv(*_ASSOC_FIELDS, cluster=cluster)
 
 
 def read_associations(text: str) -> dict[Association, tuple[str, ...]]:

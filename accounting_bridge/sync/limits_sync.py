@@ -37,7 +37,7 @@ from functools import cached_property
 from typing import Any
 
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from accounting_bridge.sync.assoc_batch import Value, named_commands, user_commands
+from accounting_bridge.sync.assoc_batch import Value, named_commands, show_associations_argv, user_commands
 from accounting_bridge.sync.scarcity import ScarcityDecision, ScarcityPolicy, decide
 from ledger import api
 from slurmtext import (
@@ -83,16 +83,7 @@ GpuLimits = tuple[tuple[str, int], ...]  # sorted (TRES, count) pairs; () is no 
 
 
 def show_assoc_argv(cluster: str) -> list[str]:
-    return [
-        "sacctmgr",
-        "--noheader",
-        "--parsable2",
-        "show",
-        "associations",
-        "where",
-        f"cluster={cluster}",
-        "format=account,user,partition,parentname,grptres",
-    ]
+    return show_associations_argv("account", "user", "partition", "parentname", "grptres", cluster=cluster)
 
 
 # --------------------------------------------------------------------------- reading Slurm
