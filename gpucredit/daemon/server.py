@@ -20,6 +20,7 @@ group commit (gpucredit.daemon.group_commit), which applies them in batches, one
 transaction each, and answers each request on its own.
 
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
+Every thread `serve` starts is listed in gpucredit/daemon/__init__.py.
 """
 
 from __future__ import annotations
