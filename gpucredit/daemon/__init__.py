@@ -8,8 +8,8 @@ What it runs, all composed in `server.Daemon` (docs/design.md §3.9; `gpucredit 
     socket loop       socket_loop                           reads requests, writes replies
       submit          job_submit.answer (with request,      job_submit.lua's quote: estimate,
                       pricing, route_answer); quote_memo    routing, refusal, from the snapshot
-      hold, settle,   group_commit, hook_service            the hooks' requests, applied in
-      release                                               batches, one transaction each
+      hold, settle    group_commit, hook_service            the hooks' requests, applied in
+                                                            batches, one transaction each
     snapshot          ledger.api.SnapshotKeeper             what a quote reads, every second
     release loop      server.release_loop                   credit-held jobs released when
                                                             credit arrives (squeue, scontrol)
