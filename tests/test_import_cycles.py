@@ -165,6 +165,7 @@ def test_the_walk_reads_every_product_package() -> None:
     packages = {name.split(".")[0] for name in product_modules()}
     expected = {"ledger", "gpucredit", "portal", "accounting_bridge", "slurm_hooks", "job_submit"}
     assert expected | {"slurmtext"} <= packages
+    assert "slurmbox" not in product_packages()  # the box's root-only harness is not the product
 
 
 def test_no_import_cycle_among_the_products_modules() -> None:
