@@ -57,12 +57,11 @@ def _build() -> click.Group:
     from portal.cli import COMMANDS as PORTAL_COMMANDS
     from slurm_hooks.admin.cli import slurm
 
-    #   group      the owner's group (its module)      + commands of accounting_bridge/sync/
+    # The owner's group (ledger/cli.py, slurm_hooks/admin/cli.py) + accounting_bridge/sync/'s:
     joined = {
-        "account": _joined(account_group, import_slurm_command),  # ledger/cli.py; Slurm's accounts in
-        "limits": _joined(limits_group, limits_sync_command, limits_show_command),  # ledger/cli.py;
-        # `show` replaces the ledger's own: the same view, and with --slurm what Slurm enforces
-        "slurm": _joined(slurm, slurm_check_command),  # slurm_hooks/admin/cli.py; associations check
+        "account": _joined(account_group, import_slurm_command),  # Slurm's accounts into the ledger
+        "limits": _joined(limits_group, limits_sync_command, limits_show_command),  # show: + --slurm
+        "slurm": _joined(slurm, slurm_check_command),  # Slurm's associations against the ledger
     }
     commands: list[click.Command] = [
         *LEDGER_COMMANDS,  # ledger/cli.py: init, account, user, price, limits, topup, grant, hold, ...
