@@ -31,12 +31,17 @@ demo: venv
 demo-no-serve:
 	$(MAKE) demo DEMO_SERVE=0
 
+# The product: the packages the wheel carries (setup.cfg [options.packages.find]).
+# portal/ joins the format check once issue 28's portal part lands (it is being edited).
+PRODUCT   := ledger gpucredit portal accounting_bridge slurm_hooks job_submit slurmtext
+FORMATTED := $(filter-out portal,$(PRODUCT))
+
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check ledger
+	$(BIN)/ruff format --check $(FORMATTED)
 
 typecheck: venv
-	$(BIN)/mypy ledger gpucredit portal
+	$(BIN)/mypy $(PRODUCT)
 
 test: venv lint typecheck
 	$(BIN)/python -m pytest

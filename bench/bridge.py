@@ -6,7 +6,7 @@ Generates `--runs` finished runs as ``sacct --parsable2`` text in the parser's
 field order (many accounts and users, two GPU types, some requeued jobs), then
 measures, in one run of this script:
 
-* parse: text -> SacctRun records (accounting_bridge.sacct.parse_parsable2);
+* parse: text -> SacctRun records (accounting_bridge.slurm.records.parse_parsable2);
 * first ingestion: reconcile_runs on those records, with every run's hold in the
   database: most already charged right (a read and a job_runs row each), a
   fraction settled 2 s short (an adjustment each, through the ledger API), a
@@ -44,8 +44,8 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from accounting_bridge.reconcile import reconcile_runs
-from accounting_bridge.sacct import SacctRun, parse_parsable2
+from accounting_bridge.sacct.reconcile import reconcile_runs
+from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from bench.goals import report
 from ledger import api
 from ledger.bulk import insert_rows

@@ -36,10 +36,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from accounting_bridge.fairshare import FairsharePolicy, account_shares
-from accounting_bridge.fairshare_sync import apply_plan, plan_changes, read_associations, show_argv
-from accounting_bridge.sacct import parse_parsable2, sacct_argv
-from accounting_bridge.slurmcmd import SubprocessRunner
+from accounting_bridge.slurm.records import parse_parsable2, sacct_argv
+from accounting_bridge.slurm.slurmcmd import SubprocessRunner
+from accounting_bridge.sync.fairshare import FairsharePolicy, account_shares
+from accounting_bridge.sync.fairshare_sync import apply_plan, plan_changes, read_associations, show_argv
 from ledger import api
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from accounting_bridge.fairshare import FairsharePolicy, Shares, account_shares
-from accounting_bridge.fairshare_sync import Plan, apply_plan, plan_changes, read_associations, show_argv
-from accounting_bridge.slurmcmd import FakeRunner, SubprocessRunner
+from accounting_bridge.slurm.slurmcmd import FakeRunner, SubprocessRunner
+from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares
+from accounting_bridge.sync.fairshare_sync import Plan, apply_plan, plan_changes, read_associations, show_argv
 from ledger import api
 from ledger.db import make_engine, make_sessionmaker
 from ledger.schema import upgrade

@@ -28,7 +28,8 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from accounting_bridge.limits_sync import (
+from accounting_bridge.slurm.slurmcmd import FakeRunner, SubprocessRunner
+from accounting_bridge.sync.limits_sync import (
     PARTITIONS_ARGV,
     SHOW_QOS_ARGV,
     SHOW_TRES_ARGV,
@@ -40,8 +41,7 @@ from accounting_bridge.limits_sync import (
     read_slurm,
     show_assoc_argv,
 )
-from accounting_bridge.scarcity import ScarcityPolicy
-from accounting_bridge.slurmcmd import FakeRunner, SubprocessRunner
+from accounting_bridge.sync.scarcity import ScarcityPolicy
 from ledger import api
 from ledger.config import DEFAULTS
 from ledger.db import make_engine, make_sessionmaker

@@ -45,14 +45,14 @@ from sqlalchemy.orm import Session
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from accounting_bridge.meter import MAX_CHECKPOINTS_PER_TICK, CompactSqueue, Meter  # noqa: E402
-from accounting_bridge.sacct import (  # noqa: E402
+from accounting_bridge.meter.meter import MAX_CHECKPOINTS_PER_TICK, CompactSqueue, Meter  # noqa: E402
+from accounting_bridge.slurm.records import (  # noqa: E402
     SqueueJob,
     SqueueResult,
     parse_squeue_compact,
     parse_squeue_json,
 )
-from accounting_bridge.slurmcmd import FakeRunner  # noqa: E402
+from accounting_bridge.slurm.slurmcmd import FakeRunner  # noqa: E402
 from bench import goals  # noqa: E402
 from ledger import api  # noqa: E402
 from ledger.accounts import lock_account  # noqa: E402

@@ -4,7 +4,7 @@ Run on a node with an NVIDIA driver (stdlib + nvidia-ml-py; PyTorch optional, fo
 
     python3 -m bench.nvml_device [--out DIR] [--load-seconds 8]
 
-It samples every unit with the agent's own code (`accounting_bridge.sampler`), owns
+It samples every unit with the agent's own code (`accounting_bridge.nvml.sampler`), owns
 GPU 0 by a job run through a real registry file, ticks once a second idle, under a
 matrix-multiply load, and idle again, and checks what the agent would record:
 allocated GPU-seconds exactly the sum of the intervals, busy seconds only under load,
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accounting_bridge.sampler import (
+from accounting_bridge.nvml.sampler import (
     GpuRegistry,
     JobRunKey,
     UsageAccumulator,

@@ -3,7 +3,7 @@
 Slurm can refuse GPUs without asking the ledger (association limits), so it keeps
 refusing when the ledger is unreachable. This module answers, for every account and
 member at one moment, the two ledger questions that decide those limits; the bridge
-(accounting_bridge/limits_sync.py) only maps the answers onto Slurm.
+(accounting_bridge/sync/limits_sync.py) only maps the answers onto Slurm.
 
 Blocks, the decision table (an account or member with a block may start no GPU job)::
 

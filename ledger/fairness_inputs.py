@@ -1,7 +1,7 @@
 """The ledger's figures behind fairshare: per account, the credit it was given in a window,
 what it spent in a (shorter) recent window, what it has left, and each member's spend.
 
-`gpucredit fairshare sync` turns these into Slurm shares (accounting_bridge/fairshare.py
+`gpucredit fairshare sync` turns these into Slurm shares (accounting_bridge/sync/fairshare.py
 holds the formula). A handful of aggregate reads without locks, whatever the number of
 accounts: shares are a slow signal, so a consistent-enough picture is enough.
 """

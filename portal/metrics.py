@@ -33,9 +33,9 @@ __all__ = ["LedgerCollector", "PortalMetrics", "in_transaction"]
 log = logging.getLogger("gpucredit.portal.metrics")
 
 # The `cursors` row `gpucredit bridge sacct` moves to the end of each window it read
-# (accounting_bridge.ingest.CURSOR_NAME; the portal does not import the bridge).
+# (accounting_bridge.sacct.ingest.CURSOR_NAME; the portal does not import the bridge).
 SACCT_CURSOR = "sacct"
-# The row `gpucredit bridge meter` moves to each tick's time (accounting_bridge.meter.METER_CURSOR).
+# The row `gpucredit bridge meter` moves to each tick's time (accounting_bridge.meter.meter.METER_CURSOR).
 METER_CURSOR = "meter"
 
 Sessions = Callable[[], AbstractContextManager[Session]]

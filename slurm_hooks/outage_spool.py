@@ -15,7 +15,7 @@ it counts here instead, in `policy.outage_spool_dir` on the controller (docs/out
 
 A run is admitted while its account's spooled estimates, and the fleet's, stay within
 their credit lines. When the ledger is back, the daemon's read-back
-(accounting_bridge/outage_readback.py) charges each ended run as `unreserved`, once, and
+(accounting_bridge/outage/readback.py) charges each ended run as `unreserved`, once, and
 forgets it here; until then it keeps counting against the lines.
 
 Stdlib only and cheap to import: it runs inside the hooks. The estimate rule is the

@@ -101,7 +101,11 @@ _DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 _CLONE_NEWNS = 0x00020000
 _PR_SET_CHILD_SUBREAPER = 36
 _MUNGE_CHECK = "/usr/bin/munge -n </dev/null | /usr/bin/unmunge"
-_GPUCREDIT_SITE = "import sys; from slurmbox import gpucredit_site; print('\\n'.join(gpucredit_site.up()))"
+# slurmbox is not in the wheel the root's venv installs: its copy in rootfs.HARNESS is.
+_GPUCREDIT_SITE = (
+    f"import sys; sys.path.insert(0, {rootfs.HARNESS!r}); "
+    "from slurmbox import gpucredit_site; print('\\n'.join(gpucredit_site.up()))"
+)
 
 
 @dataclass(frozen=True)

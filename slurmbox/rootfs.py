@@ -36,11 +36,13 @@ from slurmbox.versions import SlurmVersion
 
 __all__ = [
     "CACHE_DIR",
+    "HARNESS",
     "OPTIONAL_PACKAGES",
     "PACKAGES",
     "VENV",
     "RootfsError",
     "build_key",
+    "copy_harness",
     "ensure_gpucredit",
     "ensure_rootfs",
     "private_mounts",
@@ -86,9 +88,12 @@ _PACKAGE_DIRS = (
     "slurm_hooks",
     "job_submit",
     "portal",
-    "slurmbox",
     "slurmtext",
 )
+# The box's own code, which the wheel does not carry (it is a root-only test harness, not
+# the product): the checkout's slurmbox/ is copied here, and what runs inside the root puts
+# this directory on sys.path (chroot._GPUCREDIT_SITE).
+HARNESS = f"{_GPUCREDIT_DIR}/harness"
 _CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 _CLONE_NEWNS = 0x00020000
 _MS_REC = 0x4000
@@ -329,12 +334,20 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
+def copy_harness(root: Path) -> None:
+    """The checkout's slurmbox/ into HARNESS inside `root`, afresh each time (it is small)."""
+    target = root / HARNESS.lstrip("/") / "slurmbox"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(_REPO / "slurmbox", target, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def ensure_gpucredit(root: Path, log: Path) -> dict[str, object]:
     """gpucredit from this checkout in VENV inside `root` (mounted: see private_mounts).
 
     Returns {"installed": bool (False when already current), "seconds": ..., "python": ...}.
     """
     started = time.monotonic()
+    copy_harness(root)
     want = source_hash()
     stamp = root / _GPUCREDIT_DIR.lstrip("/") / "installed.json"
     venv_python = root / VENV.lstrip("/") / "bin/python"
@@ -344,6 +357,9 @@ def ensure_gpucredit(root: Path, log: Path) -> dict[str, object]:
     wheels = root / _GPUCREDIT_DIR.lstrip("/") / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
+    # setuptools builds in the checkout's build/ and packs whatever build/lib holds, so a
+    # module moved or dropped since an earlier build would ride along: start clean.
+    shutil.rmtree(_REPO / "build", ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         # Built by the host's interpreter: the wheel is pure Python, for any 3.11+.
         _logged(

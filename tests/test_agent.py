@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import insert, select
 
-from accounting_bridge.agent import Agent, fake_nvml_from_spec
-from accounting_bridge.nvml_fake import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
-from accounting_bridge.sampler import GpuRegistry, JobRunKey
+from accounting_bridge.nvml.agent import Agent, fake_nvml_from_spec
+from accounting_bridge.nvml.nvml_fake import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
+from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report, gpu_usage_t, job_runs_t

@@ -6,6 +6,10 @@ look inside) fails on an import of any other ledger module, on a name a public m
 does not publish, and on a ledger table (`*_t`) or private name reached through one.
 So the price in force, the rate of a GPU mix, the rounding of a charge, the burn order,
 available credit and the caps are found in ledger/ alone.
+
+The floor plan (FLOOR_PLAN) is the same idea one level up: which package, bridge
+sub-package or the daemon may import which, lazy imports included, so each process and
+each external system keeps one home and arrows point toward ledger/.
 """
 
 from __future__ import annotations
@@ -204,3 +208,148 @@ def test_the_public_ways_pass() -> None:
         "jobruns.upsert_job_runs\n"
     )
     assert breaches(source, "x.py") == []
+
+
+# --------------------------------------------------------------------------- the floor plan
+
+# Which of this repository's packages each one may import, lazy imports included. A
+# sub-package of the bridge, and the daemon, count as their own: each process and each
+# external system has one home, and arrows point toward ledger/ and slurmtext/. A module
+# belongs to the longest name here that it starts with.
+FLOOR_PLAN: dict[str, frozenset[str]] = {
+    "ledger": frozenset(),
+    "slurmtext": frozenset(),
+    "slurm_hooks": frozenset({"slurmtext"}),  # hook processes: the stdlib and slurmtext only
+    "slurm_hooks.admin": frozenset({"slurm_hooks", "ledger"}),  # `gpucredit slurm config|install`
+    "job_submit": frozenset({"ledger", "slurmtext"}),  # the daemon's answer to job_submit.lua
+    "accounting_bridge": frozenset(),  # its __init__: a docstring
+    "accounting_bridge.slurm": frozenset({"slurmtext"}),  # Slurm's commands and records
+    "accounting_bridge.cli_support": frozenset({"accounting_bridge.slurm", "ledger"}),
+    "accounting_bridge.sacct": frozenset(
+        {"accounting_bridge.slurm", "accounting_bridge.cli_support", "ledger"}
+    ),
+    "accounting_bridge.meter": frozenset({"accounting_bridge.slurm", "ledger", "slurmtext"}),
+    "accounting_bridge.nvml": frozenset({"ledger"}),
+    "accounting_bridge.sync": frozenset(
+        {"accounting_bridge.slurm", "accounting_bridge.cli_support", "ledger", "slurmtext"}
+    ),
+    "accounting_bridge.outage": frozenset({"accounting_bridge.cli_support", "ledger", "slurm_hooks"}),
+    "accounting_bridge.cli": frozenset({"accounting_bridge.sacct", "accounting_bridge.meter"}),
+    "gpucredit.daemon": frozenset(
+        {
+            "accounting_bridge.slurm",
+            "accounting_bridge.sync",  # the limits keeper runs the limits sync
+            "accounting_bridge.outage",  # the outage keeper runs the read-back
+            "job_submit",
+            "ledger",
+            "slurm_hooks",
+            "slurmtext",
+        }
+    ),
+    # The CLI root assembles every package's commands; `make demo` serves the portal.
+    "gpucredit": frozenset(
+        {
+            "accounting_bridge.cli",
+            "accounting_bridge.nvml",
+            "accounting_bridge.outage",
+            "accounting_bridge.sync",
+            "gpucredit.daemon",
+            "ledger",
+            "portal",
+            "slurm_hooks",
+            "slurm_hooks.admin",
+        }
+    ),
+    "portal": frozenset({"ledger"}),
+    "slurmbox": frozenset({"slurm_hooks.admin"}),  # the box installs the hooks as an admin would
+}
+
+
+def unit_of(module: str) -> str | None:
+    """The floor plan's name for `module`: the longest one it is or starts with."""
+    found = [name for name in FLOOR_PLAN if module == name or module.startswith(name + ".")]
+    return max(found, key=len) if found else None
+
+
+def imported_units(source: str, path: str) -> Iterator[tuple[int, str]]:
+    """(line, unit) of every import of one of our packages, anywhere in the module."""
+    for node in ast.walk(ast.parse(source, filename=path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            unit = unit_of(name)
+            if unit is not None:
+                yield node.lineno, unit
+
+
+def floor_plan_breaches(source: str, path: str, module: str) -> list[str]:
+    own = unit_of(module)
+    allowed = FLOOR_PLAN[own] if own is not None else frozenset()
+    return [
+        f"{path}:{line}: {own} imports {unit}"
+        for line, unit in imported_units(source, path)
+        if unit != own and unit not in allowed
+    ]
+
+
+def product_modules() -> Iterator[tuple[Path, str]]:
+    for package in sorted({name.split(".")[0] for name in FLOOR_PLAN}):
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            yield path, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_each_package_imports_only_what_the_floor_plan_allows() -> None:
+    found = [
+        breach
+        for path, module in product_modules()
+        for breach in floor_plan_breaches(
+            path.read_text(encoding="utf-8"), str(path.relative_to(REPO)), module
+        )
+    ]
+    assert found == []
+
+
+def test_every_sub_package_of_the_bridge_and_the_daemon_has_a_row() -> None:
+    """A new sub-package gets its own row (its arrows), not its parent's."""
+    packages = {
+        ".".join(path.parent.relative_to(REPO).parts)
+        for top in ("accounting_bridge", "gpucredit")
+        for path in (REPO / top).rglob("__init__.py")
+    }
+    assert packages - set(FLOOR_PLAN) == set()
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "accounting_bridge.slurm.records",
+            "from ledger import api",
+            ["x.py:1: accounting_bridge.slurm imports ledger"],
+        ),
+        (
+            "accounting_bridge.sync.limits_sync",
+            "def f():\n    from accounting_bridge.sacct.ingest import ingest_round",
+            ["x.py:2: accounting_bridge.sync imports accounting_bridge.sacct"],
+        ),
+        (
+            "accounting_bridge.nvml.agent",
+            "import gpucredit.daemon",
+            ["x.py:1: accounting_bridge.nvml imports gpucredit.daemon"],
+        ),
+        (
+            "slurm_hooks.hooks",
+            "from accounting_bridge.slurm import records",
+            ["x.py:1: slurm_hooks imports accounting_bridge.slurm"],
+        ),
+        ("accounting_bridge.sync.fairshare", "from accounting_bridge.sync import scarcity", []),
+        ("gpucredit.daemon.server", "from accounting_bridge.sync.limits_sync import plan_limits", []),
+    ],
+)
+def test_each_arrow_against_the_floor_plan_is_caught(module: str, source: str, expected: list[str]) -> None:
+    assert floor_plan_breaches(source, "x.py", module) == expected

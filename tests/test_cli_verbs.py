@@ -588,7 +588,7 @@ def test_a_refund_adjustment_without_a_hold_is_linked_in_the_journal(gc, db_url)
 @pytest.fixture
 def agent_env(tmp_path: Path, db_url: str) -> Iterator[dict[str, str]]:
     """A config whose spool holds job lab/100/0 on GPUs 0 and 1 of node n1."""
-    from accounting_bridge.sampler import GpuRegistry, JobRunKey
+    from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 
     spool = tmp_path / "spool"
     GpuRegistry(spool / "n1").register(JobRunKey("lab", 100, 0), {0: "a100", 1: "a100"})

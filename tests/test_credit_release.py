@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from accounting_bridge.sacct import parse_squeue_json
-from accounting_bridge.slurmcmd import FakeRunner
+from accounting_bridge.slurm.records import parse_squeue_json
+from accounting_bridge.slurm.slurmcmd import FakeRunner
 from gpucredit.daemon import hook_service
 from gpucredit.daemon.server import Daemon
 from ledger import api

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner, SlurmCommandError, SlurmCommandTimeout
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner, SlurmCommandError, SlurmCommandTimeout
 from gpucredit.daemon.server import MAX_REQUEST_BYTES, Daemon, top_up_hint
 from gpucredit.daemon.slurm_facts import SINFO_ARGV, SlurmFacts
 from ledger import api

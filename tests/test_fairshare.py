@@ -14,15 +14,15 @@ from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting_bridge.fairshare import MAX_SHARES, FairsharePolicy, Shares, account_shares, two_figures
-from accounting_bridge.fairshare_sync import (
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.sync.fairshare import MAX_SHARES, FairsharePolicy, Shares, account_shares, two_figures
+from accounting_bridge.sync.fairshare_sync import (
     SSHARE_ARGV,
     plan_changes,
     read_associations,
     read_sshare,
     show_argv,
 )
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from slurmtext import SlurmTextError, parse_parsable, parse_raw_shares

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accounting_bridge.associations import import_associations, parse_associations
+from accounting_bridge.sync.associations import import_associations, parse_associations
 from ledger import api
 from ledger.accounts import members, read_account
 

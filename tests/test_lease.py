@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from accounting_bridge.meter import Meter
-from accounting_bridge.sacct import SqueueJob, SqueueResult
-from accounting_bridge.slurmcmd import FakeRunner
+from accounting_bridge.meter.meter import Meter
+from accounting_bridge.slurm.records import SqueueJob, SqueueResult
+from accounting_bridge.slurm.slurmcmd import FakeRunner
 from ledger import api
 from ledger.errors import InvalidInput
 from ledger.journal import entries_t

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from accounting_bridge import fairshare_sync
-from accounting_bridge.assoc_batch import named_commands, user_commands
-from accounting_bridge.limits_keeper import LimitsKeeper
-from accounting_bridge.limits_sync import (
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.sync import fairshare_sync
+from accounting_bridge.sync.assoc_batch import named_commands, user_commands
+from accounting_bridge.sync.limits_sync import (
     PARTITIONS_ARGV,
     SHOW_QOS_ARGV,
     SHOW_TRES_ARGV,
@@ -36,9 +36,9 @@ from accounting_bridge.limits_sync import (
     read_slurm,
     show_assoc_argv,
 )
-from accounting_bridge.scarcity import ScarcityPolicy, decide
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.sync.scarcity import ScarcityPolicy, decide
 from gpucredit.cli import _build
+from gpucredit.daemon.limits_keeper import LimitsKeeper
 from ledger import api, cli_support
 from ledger.config import DEFAULTS
 from ledger.db import make_sessionmaker
@@ -701,3 +701,17 @@ def test_the_keeper_syncs_everything_first_then_only_accounts_whose_block_change
     ticks[0] = 31.0  # the full sync is due again: reads, finds nothing to do
     keeper.run = slurm.expect()
     assert keeper.tick().changes == ()  # type: ignore[union-attr]
+
+
+def test_every_reader_of_associations_runs_the_one_command_line() -> None:
+    """import-slurm, fairshare and limits read `sacctmgr show associations` through one builder,
+    with their own fields: the argv the recorded fixtures were taken with."""
+    from accounting_bridge.sync.assoc_batch import show_associations_argv
+    from accounting_bridge.sync.associations import SACCTMGR_ARGV
+
+    show = ["sacctmgr", "--noheader", "--parsable2", "show", "associations"]
+    lab = [*show, "where", "cluster=lab"]
+    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user"]
+    assert fairshare_sync.show_argv("lab") == [*lab, "format=account,user,partition,fairshare"]
+    assert show_assoc_argv("lab") == [*lab, "format=account,user,partition,parentname,grptres"]
+    assert show_associations_argv("account", cluster="lab") == [*lab, "format=account"]

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import func, select
 
 import ledger.holds
-from accounting_bridge.meter import CompactSqueue, Meter, cancel_argvs
-from accounting_bridge.sacct import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.meter.meter import CompactSqueue, Meter, cancel_argvs
+from accounting_bridge.slurm.records import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from ledger import api
 from ledger.errors import NotFound
 from ledger.journal import REVENUE, entries_t, postings_t
@@ -302,7 +302,7 @@ def test_notify_mode_only_logs(tx, caplog: pytest.LogCaptureFixture) -> None:
     runner = FakeRunner()  # any command would raise UnexpectedCommandError
     clock = Clock(T0 + timedelta(seconds=1890))
     meter = make_meter(tx, FakeSqueue([running(4201)]), clock, runner, on_exhausted="notify")
-    with caplog.at_level(logging.WARNING, logger="accounting_bridge.meter"):
+    with caplog.at_level(logging.WARNING, logger="accounting_bridge.meter.meter"):
         report = meter.tick()
     assert runner.calls == []
     assert [(a.kind, a.argvs) for a in report.actions] == [("notify", ())]

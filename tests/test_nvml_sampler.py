@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from accounting_bridge import nvml_fake
-from accounting_bridge.nvml_fake import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
-from accounting_bridge.sampler import (
+from accounting_bridge.nvml import nvml_fake
+from accounting_bridge.nvml.nvml_fake import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
+from accounting_bridge.nvml.sampler import (
     GpuRegistry,
     GpuUsage,
     JobRunKey,

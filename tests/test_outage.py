@@ -1,5 +1,5 @@
 """Policy accept with outage credit lines (slurm_hooks/outage_spool.py), the read-back
-that charges what the hooks admitted (accounting_bridge/outage_readback.py), and the
+that charges what the hooks admitted (accounting_bridge/outage/readback.py), and the
 overspend bound (ledger/bounds.py, `gpucredit policy bound`); docs/outage.md.
 
 The hooks run in-process against a daemon socket nobody listens on (the ledger is
@@ -22,9 +22,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from accounting_bridge.outage_readback import OutageKeeper, read_back, refresh_sheet
-from accounting_bridge.reconcile import DEFAULT_POLICY, reconcile_runs
+from accounting_bridge.outage.readback import read_back, refresh_sheet
+from accounting_bridge.sacct.reconcile import DEFAULT_POLICY, reconcile_runs
 from gpucredit.cli import _build
+from gpucredit.daemon.outage_keeper import OutageKeeper
 from ledger import api
 from ledger.bounds import OutageConfig, OutageLines, RunningRun, outage_bound
 from ledger.db import make_sessionmaker

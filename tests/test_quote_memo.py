@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from accounting_bridge.slurmcmd import FakeRunner
+from accounting_bridge.slurm.slurmcmd import FakeRunner
 from gpucredit.daemon.quote_memo import QuoteMemo
 from gpucredit.daemon.server import Daemon
 from gpucredit.daemon.slurm_facts import SINFO_ARGV

@@ -21,9 +21,8 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from accounting_bridge.backends import CommandsSource
-from accounting_bridge.ingest import CURSOR_NAME, ingest_round, read_cursor, write_cursor
-from accounting_bridge.reconcile import (
+from accounting_bridge.sacct.ingest import CURSOR_NAME, ingest_round, read_cursor, write_cursor
+from accounting_bridge.sacct.reconcile import (
     DEFAULT_POLICY,
     Policy,
     RunOutcome,
@@ -33,8 +32,9 @@ from accounting_bridge.reconcile import (
     reconcile_runs,
     reconcile_stored,
 )
-from accounting_bridge.sacct import SacctRun, parse_parsable2
-from accounting_bridge.slurmcmd import FakeResponse, FakeRunner
+from accounting_bridge.slurm.backends import CommandsSource
+from accounting_bridge.slurm.records import SacctRun, parse_parsable2
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.db import make_sessionmaker

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from accounting_bridge.ingest import ingest_round
-from accounting_bridge.reconcile import Summary, reconcile_runs, reconcile_stored
-from accounting_bridge.sacct import ParseResult, SacctRun, SqueueResult
+from accounting_bridge.sacct.ingest import ingest_round
+from accounting_bridge.sacct.reconcile import Summary, reconcile_runs, reconcile_stored
+from accounting_bridge.slurm.records import ParseResult, SacctRun, SqueueResult
 from gpucredit.cli import _build
 from ledger import api
 from ledger.db import make_sessionmaker

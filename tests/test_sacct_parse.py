@@ -19,15 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting_bridge import sacct
-from accounting_bridge.backends import (
+from accounting_bridge.slurm import records
+from accounting_bridge.slurm.backends import (
     CommandsSource,
     PyslurmSource,
     make_job_source,
     parse_slurm_version,
     select_backend,
 )
-from accounting_bridge.sacct import (
+from accounting_bridge.slurm.records import (
     SACCT_FIELDS,
     ParseError,
     SacctRun,
@@ -37,7 +37,7 @@ from accounting_bridge.sacct import (
     sacct_argv,
     sacct_jobs_argv,
 )
-from accounting_bridge.slurmcmd import (
+from accounting_bridge.slurm.slurmcmd import (
     FakeResponse,
     FakeRunner,
     SlurmCommandError,
@@ -873,7 +873,7 @@ def test_make_job_source_with_matching_pyslurm() -> None:
 
 def test_python_is_new_enough_for_the_parsers() -> None:
     assert sys.version_info >= (3, 11)
-    assert sacct.__all__  # the public surface is declared
+    assert records.__all__  # the public surface is declared
 
 
 def test_a_request_22_05_left_inconsistent_is_read_and_the_run_billed_from_its_allocation() -> None:

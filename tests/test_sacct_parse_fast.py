@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from accounting_bridge.gc_pause import cycle_collection_paused
-from accounting_bridge.sacct import SacctRun, parse_parsable2
+from accounting_bridge.slurm.gc_pause import cycle_collection_paused
+from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from slurmtext import SlurmTextError, parse_time
 
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from accounting_bridge.sacct import SacctRun
+from accounting_bridge.slurm.records import SacctRun
 from bench.sim.books import expected_charge, jain
 from bench.sim.engine import DEFECTS
 from bench.sim.workload import SMALL, T0
@@ -165,7 +165,7 @@ def test_bridge_never_settles_a_running_attempt_from_a_refused_one(tmp_path: Pat
     requeue): the first refused at the prolog (REQUEUED, Start == End, no hold), the
     second running with a hold. The refused row must leave the running hold alone; the
     epilog settles it (the full month stopped on 'hold ... is already settled')."""
-    from accounting_bridge.reconcile import reconcile_runs
+    from accounting_bridge.sacct.reconcile import reconcile_runs
     from ledger import api
     from ledger.db import make_engine, make_sessionmaker
     from ledger.schema import upgrade

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from accounting_bridge.fairshare_sync import SSHARE_ARGV, read_sshare
+from accounting_bridge.sync.fairshare_sync import SSHARE_ARGV, read_sshare
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.db import make_engine, make_sessionmaker

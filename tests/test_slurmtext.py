@@ -51,7 +51,7 @@ from tests.recorded import fixture, utc
 
 
 def _recorded_rows() -> list[dict[str, str]]:
-    from accounting_bridge.sacct import SACCT_FIELDS
+    from accounting_bridge.slurm.records import SACCT_FIELDS
 
     rows = []
     for name in ("recorded_finished.txt", "recorded_running.txt", "recorded_requeue_pending.txt"):

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from accounting_bridge.sacct import SacctRun
+from accounting_bridge.slurm.records import SacctRun
 from bench.sim.engine import MONEY_MOVES, Books, Simulation
 from bench.sim.workload import PRICE_CHANGE, PRICES_UCREDITS_PER_HOUR, T0
 from ledger import api

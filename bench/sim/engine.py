@@ -9,13 +9,13 @@ What runs for real, through public entry points, with the simulated time passed 
 * the hooks' daemon side, `gpucredit.daemon.hook_service.hold` / `.settle` (the
   PrologSlurmctld hold and EpilogSlurmctld settle; `hold` reads the clock through
   `utcnow`, which the run points at the simulated clock while it lasts);
-* the meter, `accounting_bridge.meter.Meter.tick`, with a fake squeue (the running
+* the meter, `accounting_bridge.meter.meter.Meter.tick`, with a fake squeue (the running
   jobs) and a fake runner (its scancel comes back as a CANCELLED end);
-* the bridge, `accounting_bridge.ingest.ingest_round`, with a fake sacct that returns
+* the bridge, `accounting_bridge.sacct.ingest.ingest_round`, with a fake sacct that returns
   the runs that ended in the window as `SacctRun` records, as the parser builds them;
 * the ledger, `ledger.api`: accounts, members, limits, prices, grants and top-ups
   with effective and expiry times, sweeps, balances, fairness inputs, verify;
-* the fairshare formula, `accounting_bridge.fairshare.account_shares`, whose shares
+* the fairshare formula, `accounting_bridge.sync.fairshare.account_shares`, whose shares
   order the scheduler's accounts.
 
 The scheduler is FIFO per account, accounts taken by fewest running GPUs per share,
@@ -36,11 +36,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from accounting_bridge import ingest
-from accounting_bridge.fairshare import FairsharePolicy, account_shares
-from accounting_bridge.meter import Meter
-from accounting_bridge.reconcile import Policy, RunOutcome, reconcile_stored
-from accounting_bridge.sacct import ParseResult, SacctRun, SqueueJob, SqueueResult
+from accounting_bridge.meter.meter import Meter
+from accounting_bridge.sacct import ingest
+from accounting_bridge.sacct.reconcile import Policy, RunOutcome, reconcile_stored
+from accounting_bridge.slurm.records import ParseResult, SacctRun, SqueueJob, SqueueResult
+from accounting_bridge.sync.fairshare import FairsharePolicy, account_shares
 from bench.sim.workload import PRICE_CHANGE, PRICES_UCREDITS_PER_HOUR, T0, Config, JobSpec, Workload
 from gpucredit.daemon import hook_service
 from ledger import api

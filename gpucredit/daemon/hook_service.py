@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from accounting_bridge.sacct import SqueueJob
+from accounting_bridge.slurm.records import SqueueJob
 from ledger import api
 from ledger.errors import InvalidInput, LedgerError, NotFound
 from ledger.timeutil import parse_time, utcnow

@@ -12,7 +12,7 @@ No request runs a Slurm command: job_submit.lua gives the daemon 1 s inside slur
 What a request needs from Slurm (partitions and their GPU types) a background thread
 learns at start and every `daemon.slurm_refresh_seconds` (gpucredit.daemon.slurm_facts);
 only background loops run other commands: the release loop (squeue, scontrol) and, with
-`limits_sync.in_daemon`, the limits keeper (sacctmgr; accounting_bridge/limits_keeper.py).
+`limits_sync.in_daemon`, the limits keeper (sacctmgr; gpucredit/daemon/limits_keeper.py).
 
 One thread serves the socket (gpucredit.daemon.socket_loop): it answers quotes (`submit`)
 itself from the snapshot, never waiting on a batch, and hands holds and settles to the
@@ -20,6 +20,7 @@ group commit (gpucredit.daemon.group_commit), which applies them in batches, one
 transaction each, and answers each request on its own.
 
 SIGTERM or SIGINT (systemd's stop) ends `serve` cleanly: the socket is removed.
+Every thread `serve` starts is listed in gpucredit/daemon/__init__.py.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from accounting_bridge.limits_keeper import LimitsKeeper
-from accounting_bridge.outage_readback import OutageKeeper
-from accounting_bridge.sacct import parse_squeue_json
-from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
+from accounting_bridge.slurm.records import parse_squeue_json
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
+from gpucredit.daemon.limits_keeper import LimitsKeeper
+from gpucredit.daemon.outage_keeper import OutageKeeper
 from gpucredit.daemon.quote_memo import QuoteMemo
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from accounting_bridge.slurmcmd import SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError
 from slurmtext import SlurmTextError, parse_sinfo_gpu_types
 
 __all__ = ["SINFO_ARGV", "SlurmFacts"]

@@ -12,20 +12,14 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
-from accounting_bridge.slurmcmd import SlurmCommandError, SubprocessRunner
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError, SubprocessRunner
+from accounting_bridge.sync.assoc_batch import show_associations_argv
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config
 from ledger.errors import InvalidInput
 
-SACCTMGR_ARGV = [
-    "sacctmgr",
-    "--noheader",
-    "--parsable2",
-    "show",
-    "associations",
-    "format=cluster,account,user",
-]
+SACCTMGR_ARGV = show_associations_argv("cluster", "account", "user")  # every cluster: --cluster picks
 SKIPPED_ACCOUNTS = {"root"}  # Slurm's own tree root; nobody is billed to it
 
 

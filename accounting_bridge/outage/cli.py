@@ -12,29 +12,21 @@ Tests inject the clock through the click context object (`obj={"clock": ...}`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import click
 
-from accounting_bridge.outage_readback import read_back, refresh_sheet
+from accounting_bridge.cli_support import clock
+from accounting_bridge.outage.readback import read_back, refresh_sheet
 from ledger import api
 from ledger.cli_support import emit, engine_for, format_option, ledger_command, transaction
 from ledger.config import load_config
 from ledger.money import format_credits
-from ledger.timeutil import utcnow
 from slurm_hooks.outage_spool import DEFAULT_SPOOL_DIR, Spool, lines_from_settings
 
 __all__ = ["policy"]
 
 ACCOUNT_COLUMNS = ["account", "running_runs", "running", "outage_line", "bound"]
-
-
-def _clock(ctx: click.Context) -> Callable[[], datetime]:
-    obj = ctx.find_object(dict)
-    clock: Callable[[], datetime] = (obj or {}).get("clock") or utcnow
-    return clock
 
 
 def _duration_text(seconds: int) -> str:
@@ -60,7 +52,7 @@ def bound_command(ctx: click.Context, outage: str, fmt: str) -> None:
     seconds = api.parse_outage(outage)
     config = load_config()
     api.OutageConfig.from_config(config)  # bad settings: a clear error before any query
-    now = _clock(ctx)()
+    now = clock(ctx)()
     with transaction() as s:
         bound = api.current_outage_bound(s, config, seconds, now)
     document = bound.as_dict()
@@ -139,7 +131,7 @@ def readback_command(ctx: click.Context, fmt: str) -> None:
     from ledger.db import make_sessionmaker
 
     sessions = make_sessionmaker(engine_for())
-    now = _clock(ctx)()
+    now = clock(ctx)()
     refresh_sheet(sessions, directory, now)
     result = read_back(sessions, directory, now)
     if fmt == "json":

@@ -1,9 +1,10 @@
 """The ledger's side of the outage spool (docs/outage.md): the price sheet the hooks
 estimate with, and the read-back that charges the runs they admitted without the ledger.
 
-`gpucredit daemon` runs an OutageKeeper while `policy.on_ledger_unreachable = "accept"`
-(or a spool is left to read back): every `policy.outage_sheet_seconds` it rewrites
-sheet.json from the ledger's prices and reads the spool back. Each admitted run that
+`gpucredit daemon` runs both while `policy.on_ledger_unreachable = "accept"` (or a spool
+is left to read back), every `policy.outage_sheet_seconds` (its OutageKeeper,
+gpucredit/daemon/outage_keeper.py): it rewrites sheet.json from the ledger's prices and
+reads the spool back. Each admitted run that
 ended is charged once, as `unreserved` (ledger.api.record_unreserved_run: at the prices
 in force at its start, no credit check, debt allowed, idempotent on the run), for
 Slurm's start .. the end EpilogSlurmctld noted, at most its time limit; the bridge's
@@ -18,22 +19,21 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from ledger import api
-from ledger.errors import InvalidInput, LedgerError
+from ledger.errors import LedgerError
 from ledger.money import format_credits
-from ledger.timeutil import format_time, parse_time, utcnow
-from slurm_hooks.outage_spool import DEFAULT_SPOOL_DIR, RUNS, Spool, SpooledRun, write_sheet
+from ledger.timeutil import format_time, parse_time
+from slurm_hooks.outage_spool import RUNS, Spool, SpooledRun, write_sheet
 
-__all__ = ["OutageKeeper", "ReadBack", "read_back", "refresh_sheet"]
+__all__ = ["ReadBack", "Sessions", "read_back", "refresh_sheet"]
 
+# The daemon's logger: the daemon runs the read-back on its own (a refusal is its news);
+# `gpucredit policy readback` prints what it did instead.
 log = logging.getLogger("gpucredit.daemon")
 
 Sessions = Callable[[], Any]
@@ -116,64 +116,3 @@ def read_back(sessions: Sessions, directory: str, now: datetime | None = None) -
         done.append(run.key)
     result.forgotten = spool.forget(done)
     return result
-
-
-def _give_to_slurm_user(directory: str, user: str | None) -> None:
-    """The hooks run as SlurmUser and append to the spool: a daemon running as root makes
-    the directory theirs (`daemon.socket_user`), and every file in it follows its owner."""
-    os.makedirs(directory, mode=0o750, exist_ok=True)
-    if user and os.geteuid() == 0:
-        import pwd
-
-        entry = pwd.getpwnam(user)
-        os.chown(directory, entry.pw_uid, entry.pw_gid)
-
-
-class OutageKeeper:
-    """The daemon's background loop: the sheet and the read-back, every `interval`."""
-
-    def __init__(self, sessions: Sessions, directory: str, interval: float) -> None:
-        self.sessions = sessions
-        self.directory = directory
-        self.interval = interval
-
-    @classmethod
-    def from_config(cls, sessions: Sessions, config: Mapping[str, Any]) -> OutageKeeper | None:
-        """A keeper when the site accepts jobs in an outage or a spool is left to read
-        back, else None; bad outage settings are refused here (the daemon stops)."""
-        api.OutageConfig.from_config(config)
-        policy = config.get("policy", {})
-        directory = policy.get("outage_spool_dir", DEFAULT_SPOOL_DIR)
-        interval = policy.get("outage_sheet_seconds", 30.0)
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
-            raise InvalidInput(
-                f"policy.outage_sheet_seconds = {interval!r}: expected a positive number of seconds",
-                code="invalid_setting",
-            )
-        spool_left = os.path.exists(os.path.join(directory, RUNS))
-        if policy.get("on_ledger_unreachable") != "accept" and not spool_left:
-            return None
-        _give_to_slurm_user(directory, config.get("daemon", {}).get("socket_user"))
-        return cls(sessions, directory, float(interval))
-
-    def tick(self, now: datetime | None = None) -> ReadBack | None:
-        now = now or utcnow()
-        try:
-            refresh_sheet(self.sessions, self.directory, now)
-            result = read_back(self.sessions, self.directory, now)
-        except (SQLAlchemyError, OSError) as error:
-            log.warning("outage sheet or read-back failed (tried again in %g s): %s", self.interval, error)
-            return None
-        for charged in result.charged:
-            log.info("outage read-back: charged %s", charged)
-        return result
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        def loop() -> None:
-            while not stop.is_set():
-                self.tick()
-                stop.wait(self.interval)
-
-        thread = threading.Thread(target=loop, name="gpucredit-outage", daemon=True)
-        thread.start()
-        return thread

@@ -10,8 +10,8 @@ Both return parse results (records *and* errors): nothing Slurm printed is
 dropped silently, and the caller decides what a partial answer is worth.
 
 :class:`CommandsSource` runs ``sacct`` and ``squeue`` through a
-:class:`~accounting_bridge.slurmcmd.Runner` and parses their output with the
-pure parsers in :mod:`accounting_bridge.sacct`. It is always available.
+:class:`~accounting_bridge.slurm.slurmcmd.Runner` and parses their output with the
+pure parsers in :mod:`accounting_bridge.slurm.records`. It is always available.
 
 :class:`PyslurmSource` uses ``pyslurm`` for running jobs. It is chosen only
 when ``pyslurm`` imports *and* its major.minor equals the running Slurm's
@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, tzinfo
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
-from accounting_bridge.sacct import (
+from accounting_bridge.slurm.records import (
     ParseError,
     ParseResult,
     SqueueJob,
@@ -54,7 +54,7 @@ from accounting_bridge.sacct import (
     sacct_jobs_argv,
     squeue_argv,
 )
-from accounting_bridge.slurmcmd import Runner
+from accounting_bridge.slurm.slurmcmd import Runner
 from slurmtext import (
     JobSpec,
     expand_hostlist,

@@ -8,8 +8,8 @@ daemon or the network is down (docs/limits-sync.md)::
     member:  at most N GPUs at once            user association GrpTRES         AssocGrpGRES
     account blocked (no credit, daily cap)     account association GrpTRES = 0  AssocGrpGRES
     member blocked (their daily cap)           user association GrpTRES = 0     AssocGrpGRES
-    partition scarce (accounting_bridge/       the partition QOS's gres/gpu     QOSMaxGRESPerUser,
-      scarcity.py)                             MaxTRESPerUser/MaxTRESPerAccount QOSMaxGRESPerAccount
+    partition scarce (scarcity.py)             the partition QOS's gres/gpu     QOSMaxGRESPerUser,
+                                               MaxTRESPerUser/MaxTRESPerAccount QOSMaxGRESPerAccount
 
 A GPU limit is written as gres/gpu=N and gres/gpu:TYPE=N for every GPU TRES Slurm
 tracks: gres/gpu is what binds an untyped request (`--gres=gpu:1` counts against
@@ -26,7 +26,7 @@ So its block goes onto its own users' associations, and its cap is left to the l
 
 Reading Slurm (`read_slurm`, five commands), planning (`plan_limits`, pure) and
 applying (`apply_plan`) are separate, so `--dry-run`, `limits show --slurm` and
-`slurm check` share them. Calls are batched by accounting_bridge/assoc_batch.py.
+`slurm check` share them. Calls are batched by accounting_bridge/sync/assoc_batch.py.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from accounting_bridge.assoc_batch import Value, named_commands, user_commands
-from accounting_bridge.scarcity import ScarcityDecision, ScarcityPolicy, decide
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.sync.assoc_batch import Value, named_commands, show_associations_argv, user_commands
+from accounting_bridge.sync.scarcity import ScarcityDecision, ScarcityPolicy, decide
 from ledger import api
 from slurmtext import (
     SlurmTextError,
@@ -83,16 +83,7 @@ GpuLimits = tuple[tuple[str, int], ...]  # sorted (TRES, count) pairs; () is no 
 
 
 def show_assoc_argv(cluster: str) -> list[str]:
-    return [
-        "sacctmgr",
-        "--noheader",
-        "--parsable2",
-        "show",
-        "associations",
-        "where",
-        f"cluster={cluster}",
-        "format=account,user,partition,parentname,grptres",
-    ]
+    return show_associations_argv("account", "user", "partition", "parentname", "grptres", cluster=cluster)
 
 
 # --------------------------------------------------------------------------- reading Slurm

@@ -1,6 +1,6 @@
 """GPU usage sampling on a node: pure logic over an NVML module object.
 
-``nvml`` is the real ``pynvml`` module or a :class:`~accounting_bridge.nvml_fake.FakeNvml`;
+``nvml`` is the real ``pynvml`` module or a :class:`~accounting_bridge.nvml.nvml_fake.FakeNvml`;
 nothing here imports either. One *tick* is:
 
 1. :func:`sample_node` reads every GPU *unit* once. A unit is a whole GPU, or

@@ -1,11 +1,11 @@
-"""Push the formula's shares (accounting_bridge/fairshare.py) into Slurm's associations.
+"""Push the formula's shares (accounting_bridge/sync/fairshare.py) into Slurm's associations.
 
 Read what Slurm has (`sacctmgr show associations`), plan the changes (pure), apply
 them with as few `sacctmgr modify` calls as Slurm allows, and read `sshare` for
 `gpucredit fairshare show`. A call costs about 0.3 s whatever its length
 (bench/fairshare_sync.py), so accounts that get the same shares share one call, and so
 do users, across accounts, wherever the users x accounts product of the call reaches
-only associations meant to get that value (accounting_bridge/assoc_batch.py).
+only associations meant to get that value (accounting_bridge/sync/assoc_batch.py).
 
 A sync that fails half-way leaves Slurm part-updated; the next one finishes it, as a
 sync of what is already right plans nothing.
@@ -17,9 +17,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accounting_bridge.assoc_batch import MAX_LIST_CHARS, Value, named_commands, user_commands
-from accounting_bridge.fairshare import Shares
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.sync.assoc_batch import (
+    MAX_LIST_CHARS,
+    Value,
+    named_commands,
+    show_associations_argv,
+    user_commands,
+)
+from accounting_bridge.sync.fairshare import Shares
 from slurmtext import parse_parsable, parse_raw_shares
 
 __all__ = [
@@ -47,16 +53,7 @@ Association = tuple[str, str]  # (account, user); user "" is the account's own a
 
 
 def show_argv(cluster: str) -> list[str]:
-    return [
-        "sacctmgr",
-        "--noheader",
-        "--parsable2",
-        "show",
-        "associations",
-        "where",
-        f"cluster={cluster}",
-        "format=account,user,partition,fairshare",
-    ]
+    return show_associations_argv(*_ASSOC_FIELDS, cluster=cluster)
 
 
 def read_associations(text: str) -> dict[Association, tuple[str, ...]]:

@@ -1,7 +1,7 @@
 """Incremental sacct ingestion: each round reads a window from a persisted cursor.
 
 A round asks the job source for the finished runs of jobs active in
-``[cursor - overlap, now]``, reconciles them (:mod:`accounting_bridge.reconcile`)
+``[cursor - overlap, now]``, reconciles them (:mod:`accounting_bridge.sacct.reconcile`)
 and moves the cursor (``cursors`` row ``sacct``) to ``now``. The overlap is there
 because sacct rows surface late (a half-written record for a few seconds after a
 short job ends; a job with a future ``--begin`` only once it became eligible);
@@ -24,8 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from accounting_bridge.backends import JobSource
-from accounting_bridge.reconcile import (
+from accounting_bridge.sacct.reconcile import (
     DEFAULT_BATCH_RUNS,
     DEFAULT_POLICY,
     Policy,
@@ -33,7 +32,8 @@ from accounting_bridge.reconcile import (
     Summary,
     reconcile_runs,
 )
-from accounting_bridge.sacct import ParseError
+from accounting_bridge.slurm.backends import JobSource
+from accounting_bridge.slurm.records import ParseError
 from ledger import jobruns
 from ledger.timeutil import format_time
 
@@ -67,7 +67,8 @@ def _output_of(error: ParseError) -> str:
 
     CommandsSource reads a window, then every attempt of the jobs it found by id;
     a bad row whose job id it could read is reported from the by-id output, any
-    other from the window's (backends.py). Both are numbered from 1.
+    other from the window's (accounting_bridge/slurm/backends.py). Both are numbered
+    from 1.
     """
     return "window" if error.job_id is None else "by job id"
 

@@ -1,4 +1,8 @@
-"""`sacctmgr modify` calls for many changes, as few as Slurm's where lists allow.
+"""The sync's sacctmgr command lines: the one that reads associations, and `modify` calls
+for many changes, as few as Slurm's where lists allow.
+
+Every reader of Slurm's associations (`account import-slurm`, fairshare, limits, `slurm
+check`) runs :func:`show_associations_argv` with the fields it needs.
 
 One `sacctmgr modify` costs about 0.3 s on the box whatever it changes (one to 500
 associations measured alike; commands piped into one sacctmgr cost the same each), and
@@ -20,11 +24,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_LIST_CHARS", "Value", "named_commands", "user_commands"]
+__all__ = ["MAX_LIST_CHARS", "Value", "named_commands", "show_associations_argv", "user_commands"]
 
 MAX_LIST_CHARS = 32_000
+SHOW_ASSOCIATIONS = ("sacctmgr", "--noheader", "--parsable2", "show", "associations")
 Value = tuple[str, ...]
 Command = tuple[str, ...]
+
+
+def show_associations_argv(*fields: str, cluster: str | None = None) -> list[str]:
+    """`sacctmgr show associations` printing `fields`, of one cluster (None: every cluster),
+    one row per association, `|`-separated, without a header."""
+    where = ["where", f"cluster={cluster}"] if cluster is not None else []
+    return [*SHOW_ASSOCIATIONS, *where, f"format={','.join(fields)}"]
 
 
 def _modify(kind: str, where: Sequence[str], value: Value) -> Command:

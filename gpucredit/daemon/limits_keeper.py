@@ -27,9 +27,9 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from accounting_bridge.limits_sync import LimitsPlan, apply_plan, plan_limits, read_slurm
-from accounting_bridge.scarcity import ScarcityPolicy
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.sync.limits_sync import LimitsPlan, apply_plan, plan_limits, read_slurm
+from accounting_bridge.sync.scarcity import ScarcityPolicy
 from ledger import api
 from ledger.timeutil import utcnow
 from slurmtext import SlurmTextError

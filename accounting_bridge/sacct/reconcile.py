@@ -68,8 +68,8 @@ from typing import Any, NamedTuple
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from accounting_bridge.gc_pause import cycle_collection_paused
-from accounting_bridge.sacct import TERMINAL_STATES, SacctRun
+from accounting_bridge.slurm.gc_pause import cycle_collection_paused
+from accounting_bridge.slurm.records import TERMINAL_STATES, SacctRun
 from ledger import api, jobrun_records, jobruns
 from ledger.errors import InvalidInput, LedgerError
 from ledger.jobruns import UNKNOWN_SUBMIT, AttemptKey, HoldView, JobRunRow, StoredRun

@@ -52,7 +52,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
 from typing import Any
 
-from accounting_bridge.gc_pause import cycle_collection_paused
+from accounting_bridge.slurm.gc_pause import cycle_collection_paused
 from slurmtext import (
     JobSpec,
     SlurmTextError,

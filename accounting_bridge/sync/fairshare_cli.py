@@ -10,15 +10,15 @@ Tests inject the Slurm runner and the clock through the click context object:
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from datetime import timedelta
+from typing import Any
 
 import click
 
-from accounting_bridge.fairshare import FairsharePolicy, Shares, account_shares
-from accounting_bridge.fairshare_sync import (
+from accounting_bridge.cli_support import clock, fail, slurm_runner
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError
+from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares
+from accounting_bridge.sync.fairshare_sync import (
     SSHARE_ARGV,
     apply_plan,
     plan_changes,
@@ -26,12 +26,10 @@ from accounting_bridge.fairshare_sync import (
     read_sshare,
     show_argv,
 )
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config
 from ledger.money import format_credits
-from ledger.timeutil import utcnow
 
 SYNC_COLUMNS = ["account", "user", "old", "new", "why"]
 SHOW_COLUMNS = [
@@ -53,21 +51,10 @@ def fairshare() -> None:
     """Slurm shares from credit and spend (docs/fairshare.md)."""
 
 
-def _injected(ctx: click.Context, name: str) -> Any:
-    obj = ctx.find_object(dict)
-    return None if obj is None else obj.get(name)
-
-
-def _runner(ctx: click.Context, config: dict[str, Any]) -> Runner:
-    runner: Runner = _injected(ctx, "runner") or SubprocessRunner(config["slurm"]["bin_dir"])
-    return runner
-
-
 def _targets(ctx: click.Context, config: dict[str, Any]) -> tuple[list[api.FairnessInputs], list[Shares]]:
     """The ledger's figures now, and the shares the formula gives them."""
     policy = FairsharePolicy.from_config(config)
-    clock: Callable[[], datetime] = _injected(ctx, "clock") or utcnow
-    now = clock()
+    now = clock(ctx)()
     with transaction() as s:
         inputs = api.fairness_inputs(
             s,
@@ -76,13 +63,6 @@ def _targets(ctx: click.Context, config: dict[str, Any]) -> tuple[list[api.Fairn
             spent_since=now - timedelta(days=policy.spent_days),
         )
     return inputs, account_shares(inputs, policy)
-
-
-def _fail(error: SlurmCommandError) -> NoReturn:
-    click.echo(f"error: {error}", err=True)
-    for note in getattr(error, "__notes__", []):
-        click.echo(f"error: {note}", err=True)
-    sys.exit(1)
 
 
 @fairshare.command("sync")
@@ -94,14 +74,14 @@ def sync_command(ctx: click.Context, dry_run: bool, fmt: str) -> None:
     """Set every ledger account's and member's shares in Slurm; a second run changes nothing."""
     config = load_config()
     cluster = config["slurm"]["cluster"]
-    run = _runner(ctx, config)
+    run = slurm_runner(ctx, config)
     _inputs, targets = _targets(ctx, config)
     try:
         plan = plan_changes(targets, read_associations(run(show_argv(cluster))), cluster)
         if not dry_run:
             apply_plan(run, plan)
     except SlurmCommandError as error:
-        _fail(error)
+        fail(error)
     rows = [change.as_row() for change in plan.changes]
     if fmt == "json":
         document = {
@@ -138,9 +118,9 @@ def show_command(ctx: click.Context, fmt: str) -> None:
     config = load_config()
     inputs, targets = _targets(ctx, config)
     try:
-        slurm = read_sshare(_runner(ctx, config)(list(SSHARE_ARGV)))
+        slurm = read_sshare(slurm_runner(ctx, config)(list(SSHARE_ARGV)))
     except SlurmCommandError as error:
-        _fail(error)
+        fail(error)
     figures = {item.account: item for item in inputs}
     rows = []
     for target in targets:

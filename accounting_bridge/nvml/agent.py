@@ -1,10 +1,10 @@
 """`gpucredit agent`: one per node; NVML samples become per-job-run GPU metrics.
 
 Each tick samples every GPU unit (a whole GPU or a MIG instance,
-:func:`accounting_bridge.sampler.sample_node`), reads which job run owns which unit
+:func:`accounting_bridge.nvml.sampler.sample_node`), reads which job run owns which unit
 from the registry files the node Prolog wrote (``agent.spool_dir``, ``%n`` = the node
 name), and charges the time since the previous tick to the owners
-(:class:`~accounting_bridge.sampler.UsageAccumulator`). A unit nobody owns is
+(:class:`~accounting_bridge.nvml.sampler.UsageAccumulator`). A unit nobody owns is
 charged to nobody. Then it adds what changed to the ledger database's ``gpu_usage``
 (:func:`ledger.api.add_gpu_usage`): metrics, never charges.
 
@@ -35,8 +35,8 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
-from accounting_bridge.nvml_fake import FakeGpu, FakeNvml
-from accounting_bridge.sampler import GpuRegistry, GpuUsage, JobRunKey, UsageAccumulator, sample_node
+from accounting_bridge.nvml.nvml_fake import FakeGpu, FakeNvml
+from accounting_bridge.nvml.sampler import GpuRegistry, GpuUsage, JobRunKey, UsageAccumulator, sample_node
 from ledger.api import UsageDelta, add_gpu_usage
 
 __all__ = ["Agent", "AgentTick", "agent_command", "fake_nvml_from_spec"]
@@ -246,7 +246,7 @@ def agent_command(
     """Node GPU sampler: busy GPU-seconds per job run into the ledger's gpu_usage."""
     import json
 
-    from accounting_bridge.sampler import import_pynvml
+    from accounting_bridge.nvml.sampler import import_pynvml
     from ledger.cli_support import transaction
     from ledger.config import load_config
 

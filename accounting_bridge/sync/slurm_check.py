@@ -28,13 +28,13 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
-from accounting_bridge import fairshare_sync
-from accounting_bridge.associations import SKIPPED_ACCOUNTS, import_associations
-from accounting_bridge.fairshare import FairsharePolicy, account_shares
-from accounting_bridge.limits_cli import fail, slurm_runner, sync_clock
-from accounting_bridge.limits_sync import LimitsPlan, SlurmView, apply_plan, plan_limits, read_slurm
-from accounting_bridge.scarcity import ScarcityPolicy
-from accounting_bridge.slurmcmd import SlurmCommandError
+from accounting_bridge.cli_support import clock, fail, slurm_runner
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError
+from accounting_bridge.sync import fairshare_sync
+from accounting_bridge.sync.associations import SKIPPED_ACCOUNTS, import_associations
+from accounting_bridge.sync.fairshare import FairsharePolicy, account_shares
+from accounting_bridge.sync.limits_sync import LimitsPlan, SlurmView, apply_plan, plan_limits, read_slurm
+from accounting_bridge.sync.scarcity import ScarcityPolicy
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config
@@ -146,7 +146,7 @@ def slurm_check_command(ctx: click.Context, fix: bool, fmt: str) -> None:
     config = load_config()
     cluster = config["slurm"]["cluster"]
     run = slurm_runner(ctx, config)
-    now = sync_clock(ctx)()
+    now = clock(ctx)()
     try:
         view = read_slurm(run, cluster)
         shares_text = run(fairshare_sync.show_argv(cluster))

@@ -13,14 +13,13 @@ Tests inject the Slurm runner and the clock through the click context object:
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
-from accounting_bridge.limits_sync import (
+from accounting_bridge.cli_support import clock, fail, slurm_runner
+from accounting_bridge.slurm.slurmcmd import SlurmCommandError
+from accounting_bridge.sync.limits_sync import (
     LimitsPlan,
     SlurmView,
     apply_plan,
@@ -29,42 +28,18 @@ from accounting_bridge.limits_sync import (
     read_slurm,
     tres_text,
 )
-from accounting_bridge.scarcity import ScarcityDecision, ScarcityPolicy
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError, SubprocessRunner
+from accounting_bridge.sync.scarcity import ScarcityDecision, ScarcityPolicy
 from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, parse_time_option, transaction
 from ledger.config import load_config
-from ledger.timeutil import format_time, utcnow
+from ledger.timeutil import format_time
 from slurmtext import SlurmTextError
 
-__all__ = ["limits_show_command", "limits_sync_command", "slurm_runner", "sync_clock"]
+__all__ = ["limits_show_command", "limits_sync_command"]
 
 CHANGE_COLUMNS = ["scope", "name", "old", "new", "reason"]
 SLURM_COLUMNS = ["scope", "wanted", "in_slurm", "reason"]
 PARTITION_COLUMNS = ["partition", "gpus", "allocated", "caps", "in_slurm", "reason"]
-
-
-def _injected(ctx: click.Context, name: str) -> Any:
-    obj = ctx.find_object(dict)
-    return None if obj is None else obj.get(name)
-
-
-def slurm_runner(ctx: click.Context, config: dict[str, Any]) -> Runner:
-    runner: Runner = _injected(ctx, "runner") or SubprocessRunner(config["slurm"]["bin_dir"])
-    return runner
-
-
-def sync_clock(ctx: click.Context) -> Callable[[], datetime]:
-    clock: Callable[[], datetime] = _injected(ctx, "clock") or utcnow
-    return clock
-
-
-def fail(error: Exception) -> NoReturn:
-    """A Slurm command that failed or printed what we cannot read: exit 1, say which."""
-    click.echo(f"error: {error}", err=True)
-    for note in getattr(error, "__notes__", []):
-        click.echo(f"error: {note}", err=True)
-    sys.exit(1)
 
 
 def plan_document(plan: LimitsPlan) -> dict[str, Any]:
@@ -117,7 +92,7 @@ def limits_sync_command(ctx: click.Context, dry_run: bool, at: str | None, fmt: 
     a second run changes nothing."""
     config = load_config()
     cluster = config["slurm"]["cluster"]
-    now = parse_time_option(at, "at") or sync_clock(ctx)()
+    now = parse_time_option(at, "at") or clock(ctx)()
     run = slurm_runner(ctx, config)
     try:
         policy = ScarcityPolicy.from_config(config)
@@ -152,7 +127,7 @@ def limits_show_command(ctx: click.Context, account: str, with_slurm: bool, fmt:
     (blocks included), what Slurm has now, and the partitions' scarcity caps, with reasons
     (CSV: the caps only; JSON: everything)."""
     config = load_config()
-    now = sync_clock(ctx)()
+    now = clock(ctx)()
     with transaction() as s:
         result = api.show_limits(s, account)
         ledger = api.enforcement(s, now, [account]) if with_slurm else []

@@ -49,9 +49,9 @@ from typing import Any, Protocol
 import click
 from sqlalchemy.orm import Session
 
-from accounting_bridge.gc_pause import cycle_collection_paused
-from accounting_bridge.sacct import SqueueJob, SqueueResult, parse_squeue_compact, squeue_compact_argv
-from accounting_bridge.slurmcmd import Runner, SlurmCommandError
+from accounting_bridge.slurm.gc_pause import cycle_collection_paused
+from accounting_bridge.slurm.records import SqueueJob, SqueueResult, parse_squeue_compact, squeue_compact_argv
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
 from ledger import api, jobruns
 from ledger.errors import LedgerError
 from ledger.money import format_credits
@@ -682,8 +682,8 @@ def meter_command(once: bool, interval_seconds: int | None, workers: int, fmt: s
     """Count running jobs' cost so far, renew leases, act on holds that run out."""
     import json
 
-    from accounting_bridge.backends import make_job_source
-    from accounting_bridge.slurmcmd import SubprocessRunner
+    from accounting_bridge.slurm.backends import make_job_source
+    from accounting_bridge.slurm.slurmcmd import SubprocessRunner
     from ledger.cli_support import transaction
     from ledger.config import load_config
 
