@@ -36,12 +36,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.goals import report
 from ledger import api
-from ledger.accounts import lock_account
-from ledger.checkpoints import checkpoint_balances, scan_sums
-from ledger.db import make_engine, make_sessionmaker
-from ledger.grants import load_grants, save_grants, take_free
-from ledger.journal import REVENUE, EntryDraft, Leg, post_many
-from ledger.schema import upgrade
+from ledger.books.accounts import lock_account
+from ledger.books.checkpoints import checkpoint_balances, scan_sums
+from ledger.books.grants import load_grants, save_grants, take_free
+from ledger.books.journal import REVENUE, EntryDraft, Leg, post_many
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 from ledger.timeutil import utcnow
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

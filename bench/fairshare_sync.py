@@ -32,8 +32,8 @@ from accounting_bridge.slurm.slurmcmd import FakeRunner, SubprocessRunner
 from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares
 from accounting_bridge.sync.fairshare_sync import Plan, apply_plan, plan_changes, read_associations, show_argv
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 from ledger.timeutil import utcnow
 
 PREFIX = "fsb"

@@ -49,8 +49,8 @@ from sqlalchemy.engine import make_url
 
 from bench.goals import percentile, report
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 from slurm_hooks.client import DaemonClient, DaemonUnreachable
 from slurmbox.gpucredit_site import weigh_as_its_unit
 

@@ -44,8 +44,8 @@ from accounting_bridge.sync.limits_sync import (
 from accounting_bridge.sync.scarcity import ScarcityPolicy
 from ledger import api
 from ledger.config import DEFAULTS
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 from ledger.timeutil import utcnow
 
 PREFIX = "lmb"

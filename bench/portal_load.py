@@ -47,8 +47,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 
 ADMIN_URL = os.environ.get("GPUCREDIT_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 GPUCREDIT = str(Path(sys.executable).parent / "gpucredit")

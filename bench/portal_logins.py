@@ -50,8 +50,8 @@ from typing import Any
 
 from bench.goals import percentile, report
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 
 GPUCREDIT = str(Path(sys.executable).parent / "gpucredit")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

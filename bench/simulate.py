@@ -37,8 +37,8 @@ from sqlalchemy.engine import make_url
 from bench.sim.books import check, render
 from bench.sim.engine import Simulation
 from bench.sim.workload import CONFIGS, Config, make_workload
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -19,7 +19,7 @@ from ledger import api
 from ledger.cli_support import emit, engine_for, transaction
 from ledger.config import load_config
 from ledger.errors import LedgerError
-from ledger.schema import upgrade
+from ledger.store.schema import upgrade
 from ledger.timeutil import utcnow
 
 # Demo logins only: the demo serves on loopback, and everyone reading this knows it.

@@ -23,7 +23,7 @@ from slurmtext import routed_comment
 
 TAG = "gpucredit"
 ALLOW_CLOUD = "add gpucredit:cloud=yes to --comment"
-# Why a partition was left out, by the ledger's verdict (ledger/routing.py).
+# Why a partition was left out, by the ledger's verdict (ledger/pricing/routing.py).
 LEFT_OUT = {
     "cloud_not_allowed": "cloud not allowed",
     "over_limit": "over the limit",

@@ -2,7 +2,7 @@
 
 The ledger imports nothing from the other gpucredit packages; they all depend on it.
 Importing this package is cheap on purpose (hooks import `ledger.config` with the
-stdlib only): the database layer lives in `ledger.db`/`ledger.models` and is imported
+stdlib only): the database layer lives in `ledger.store.db`/`ledger.store.models` and is imported
 where it is used.
 
 Public operations live in `ledger.api` and take a SQLAlchemy `Session`; they never

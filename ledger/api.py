@@ -21,12 +21,23 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger import accounts as _accounts
-from ledger import grants as _grants
-from ledger import holds as _holds
-from ledger import idempotency
-from ledger import payments as _payments
-from ledger.accounts import (
+from ledger.access.identity import (
+    TokenInfo,
+    authenticate_token,
+    create_token,
+    end_portal_sessions,
+    list_tokens,
+    member_roles,
+    portal_user,
+    revoke_token,
+    roles_of,
+    set_portal_user,
+)
+from ledger.books import accounts as _accounts
+from ledger.books import grants as _grants
+from ledger.books import idempotency
+from ledger.books import payments as _payments
+from ledger.books.accounts import (
     account_names,
     check_name,
     ensure_account,
@@ -35,28 +46,24 @@ from ledger.accounts import (
     lock_accounts,
     show_limits,
 )
-from ledger.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
-from ledger.adjustments import Adjustment, adjust_holds, adjust_holds_many
-from ledger.balance import account_summary, balance
-from ledger.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
-from ledger.charge_counter import ChargeCounter, ChargeTotals
-from ledger.checkpoints import CHECKPOINT_EVERY, checkpoint_balances
-from ledger.credit_use import CreditUse, credit_use, parse_share
-from ledger.efficiency import UsageDelta, add_gpu_usage, efficiency_report
-from ledger.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
-from ledger.errors import InvalidInput, NotFound
-from ledger.fairness_inputs import FairnessInputs, fairness_inputs
-from ledger.grants import DEFAULT_PRIORITY
-from ledger.history import (
-    JobRecord,
-    RunningTotals,
-    charge_entries,
-    hold_entries,
-    job_history,
-    job_record,
-    running_totals,
+from ledger.books.balance import account_summary, balance
+from ledger.books.checkpoints import CHECKPOINT_EVERY, checkpoint_balances
+from ledger.books.credit_use import CreditUse, credit_use, parse_share
+from ledger.books.grants import DEFAULT_PRIORITY
+from ledger.books.journal import REVENUE, Leg, LockedAccount, entries_page, entries_t, post, verify
+from ledger.books.payments import (
+    cancel_payment,
+    find_payment,
+    get_payment,
+    list_payments,
+    mark_paid,
+    set_external_id,
 )
-from ledger.hold_batch import (
+from ledger.errors import InvalidInput, NotFound
+from ledger.holds import create as _holds
+from ledger.holds.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
+from ledger.holds.adjustments import Adjustment, adjust_holds, adjust_holds_many
+from ledger.holds.batch import (
     LockedBatch,
     active_holds_among,
     apply_holds_and_settles,
@@ -65,7 +72,8 @@ from ledger.hold_batch import (
     lock_batch,
     settle_holds,
 )
-from ledger.holds import (
+from ledger.holds.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
+from ledger.holds.create import (
     ActiveRun,
     HoldState,
     adjust_hold,
@@ -85,32 +93,11 @@ from ledger.holds import (
     release_hold,
     settle_hold,
 )
-from ledger.identity import (
-    TokenInfo,
-    authenticate_token,
-    create_token,
-    end_portal_sessions,
-    list_tokens,
-    member_roles,
-    portal_user,
-    revoke_token,
-    roles_of,
-    set_portal_user,
-)
-from ledger.journal import REVENUE, Leg, LockedAccount, entries_page, entries_t, post, verify
-from ledger.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
-from ledger.limits import CapOverrun, capped_accounts, daily_cap_overruns
-from ledger.models import UNKNOWN_SUBMIT
+from ledger.holds.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
+from ledger.holds.unreserved import UnreservedRun, record_unreserved_runs
+from ledger.limits.rules import CapOverrun, capped_accounts, daily_cap_overruns
 from ledger.money import charge_for, format_credits, parse_credits
-from ledger.payments import (
-    cancel_payment,
-    find_payment,
-    get_payment,
-    list_payments,
-    mark_paid,
-    set_external_id,
-)
-from ledger.prices import (
+from ledger.pricing.prices import (
     PriceTable,
     format_gpus,
     list_prices,
@@ -120,13 +107,33 @@ from ledger.prices import (
     rate_of,
     set_price,
 )
-from ledger.quotes import Estimate, estimate, quote
-from ledger.reports import usage_report
-from ledger.routing import CostLimit, PartitionOption, Route, RoutingConfig, candidate_partitions, route
-from ledger.snapshot import Snapshot, SnapshotKeeper
+from ledger.pricing.quotes import Estimate, estimate, quote
+from ledger.pricing.routing import (
+    CostLimit,
+    PartitionOption,
+    Route,
+    RoutingConfig,
+    candidate_partitions,
+    route,
+)
+from ledger.pricing.snapshot import Snapshot, SnapshotKeeper
+from ledger.store.models import UNKNOWN_SUBMIT
 from ledger.timeutil import format_time, parse_seconds, utcnow
-from ledger.totals import AccountTotals, account_totals, memberships
-from ledger.unreserved_batch import UnreservedRun, record_unreserved_runs
+from ledger.views.charge_counter import ChargeCounter, ChargeTotals
+from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
+from ledger.views.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
+from ledger.views.fairness_inputs import FairnessInputs, fairness_inputs
+from ledger.views.history import (
+    JobRecord,
+    RunningTotals,
+    charge_entries,
+    hold_entries,
+    job_history,
+    job_record,
+    running_totals,
+)
+from ledger.views.reports import usage_report
+from ledger.views.totals import AccountTotals, account_totals, memberships
 
 __all__ = [
     "ACCRUES_NOW",

@@ -19,7 +19,7 @@ from ledger.cli_support import (
 from ledger.timeutil import parse_slurm_duration, utcnow
 
 if TYPE_CHECKING:
-    from ledger.enforcement import AccountEnforcement
+    from ledger.views.enforcement import AccountEnforcement
 
 HOLD_COLUMNS = [
     "id",
@@ -63,7 +63,7 @@ def _emit_balance(result: dict[str, Any], fmt: str, notes: list[str] | None = No
 @ledger_command
 def init_command() -> None:
     """Create or upgrade the database."""
-    from ledger.schema import upgrade
+    from ledger.store.schema import upgrade
 
     engine = engine_for()
     revision = upgrade(engine)
@@ -587,7 +587,7 @@ def report_command(
 
     with transaction() as s:
         if efficiency:
-            from ledger.efficiency import EFFICIENCY_COLUMNS, efficiency_report
+            from ledger.views.efficiency import EFFICIENCY_COLUMNS, efficiency_report
 
             by = by or "job"
             rows = efficiency_report(

@@ -47,7 +47,7 @@ _engines: dict[str, Any] = {}
 
 
 def engine_for(url: str | None = None) -> Any:
-    from ledger.db import make_engine
+    from ledger.store.db import make_engine
 
     url = url or load_config()["database"]["url"]
     if url not in _engines:
@@ -58,7 +58,7 @@ def engine_for(url: str | None = None) -> Any:
 @contextmanager
 def transaction() -> Iterator[Any]:
     """One session and one transaction for a command: commit on success, roll back on error."""
-    from ledger.db import make_sessionmaker
+    from ledger.store.db import make_sessionmaker
 
     with make_sessionmaker(engine_for())() as session, session.begin():
         yield session

@@ -24,7 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ledger import api, jobruns
+from ledger import api
+from ledger.jobs import jobruns
 from ledger.money import format_credits
 from ledger.timeutil import utcnow
 

@@ -149,7 +149,7 @@ def _shipped_revision() -> str:
     if cached is None:
         from alembic.script import ScriptDirectory
 
-        from ledger.schema import alembic_config
+        from ledger.store.schema import alembic_config
 
         cached = str(ScriptDirectory.from_config(alembic_config()).get_current_head())
         current_app.extensions["gpucredit.schema_head"] = cached

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask, current_app
 from sqlalchemy.orm import Session
 
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 
 
 def init_app(app: Flask) -> None:

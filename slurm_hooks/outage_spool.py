@@ -129,7 +129,7 @@ def lines_from_settings(policy: Mapping[str, Any]) -> tuple[Lines, list[str]]:
     """The lines in a `[policy]` table, and the problems found.
 
     A bad value becomes a line of 0 (admit nothing), never "no line": a typo must not
-    lift the cap. ledger.bounds.outage_lines refuses the same values with a clear error.
+    lift the cap. ledger.holds.bounds.outage_lines refuses the same values with a clear error.
     """
     problems: list[str] = []
 

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from ledger.db import make_engine, make_sessionmaker
-from ledger.schema import upgrade
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 
 pytest_plugins = ["tests.conftest_slurm", "tests.conftest_portal"]
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.config import load_config
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import utcnow
 
 PASSWORD = "correct horse battery"

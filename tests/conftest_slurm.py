@@ -86,8 +86,8 @@ def e2e_ledger_url(pg_template: str | None, tmp_path_factory: pytest.TempPathFac
     """A fresh, migrated ledger for one test module (see the module docstring)."""
     from sqlalchemy import text
 
-    from ledger.db import make_engine
-    from ledger.schema import upgrade
+    from ledger.store.db import make_engine
+    from ledger.store.schema import upgrade
     from tests.conftest import IN_CI, PG_ADMIN_URL, _pg_admin, _pg_url
 
     choice = choose_e2e_ledger(pg_template is not None, IN_CI, PG_ADMIN_URL)

@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import select
 
 from ledger import api
-from ledger.adjustments import Adjustment, adjust_holds, adjust_holds_many
+from ledger.books.grants import grants_t
 from ledger.errors import InvalidInput, NotFound
-from ledger.grants import grants_t
-from ledger.holds import holds_t
+from ledger.holds.adjustments import Adjustment, adjust_holds, adjust_holds_many
+from ledger.holds.create import holds_t
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gpucredit.cli import _build
 from ledger import api, cli_support
-from ledger.db import make_engine
+from ledger.store.db import make_engine
 
 
 def _books(tx) -> None:
@@ -86,7 +86,7 @@ def test_sqlite_edit_is_reported_by_audit_verify(tmp_path, sqlite_template, edit
     shutil.copy(sqlite_template, path)
     url = f"sqlite:///{path}"
     engine = make_engine(url)
-    from ledger.db import make_sessionmaker
+    from ledger.store.db import make_sessionmaker
 
     factory = make_sessionmaker(engine)
 

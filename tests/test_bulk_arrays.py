@@ -1,4 +1,4 @@
-"""ledger.bulk's multi-row writes store exactly what they were given: strings with quotes,
+"""ledger.store.bulk's multi-row writes store exactly what they were given: strings with quotes,
 backslashes, braces and commas, the text "NULL" and real NULLs, timestamps, integers past
 32 bits; through `unnest` of array literals on PostgreSQL, executemany elsewhere."""
 
@@ -23,8 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from ledger.bulk import deferred_writes, insert_rows, insert_rows_referencing, update_rows
-from ledger.models import UTCDateTime
+from ledger.store.bulk import deferred_writes, insert_rows, insert_rows_referencing, update_rows
+from ledger.store.models import UTCDateTime
 
 metadata = MetaData()
 sample = Table(

@@ -30,7 +30,7 @@ from alembic.script import ScriptDirectory
 from click.testing import Result
 from sqlalchemy import text
 
-from ledger.schema import alembic_config
+from ledger.store.schema import alembic_config
 from tests.test_cli import _state, cli_for, dispose_engine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -669,7 +669,7 @@ def test_racing_repeats_of_a_global_request_run_one_after_the_other(pg_url) -> N
     """Two `price set` with one key at once on PostgreSQL: the second waits for the first
     and replays it (no second version, no unique-key error)."""
     from ledger import api
-    from ledger.db import make_engine, make_sessionmaker
+    from ledger.store.db import make_engine, make_sessionmaker
 
     engine = make_engine(pg_url)
     factory = make_sessionmaker(engine)

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits
+from ledger.store.db import make_engine, make_sessionmaker
 
 PROCESSES = 8
 # (requests, K): the credit covers exactly K of the requests

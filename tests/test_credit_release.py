@@ -26,7 +26,7 @@ from gpucredit.daemon import hook_service
 from gpucredit.daemon.server import Daemon
 from ledger import api
 from ledger.config import load_config
-from ledger.db import make_sessionmaker
+from ledger.store.db import make_sessionmaker
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 SQUEUE = ("squeue", "--json")

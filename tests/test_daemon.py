@@ -21,7 +21,7 @@ from gpucredit.daemon.server import MAX_REQUEST_BYTES, Daemon, top_up_hint
 from gpucredit.daemon.slurm_facts import SINFO_ARGV, SlurmFacts
 from ledger import api
 from ledger.config import load_config
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from slurm_hooks.admin.slurmconf import MAX_JOB_SUBMIT_TIMEOUT_SECONDS
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurmtext import SlurmTextError

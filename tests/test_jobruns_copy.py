@@ -1,4 +1,4 @@
-"""ledger.jobruns: rows written by COPY (the bridge's bulk path) keep their exact times.
+"""ledger.jobs.jobruns: rows written by COPY (the bridge's bulk path) keep their exact times.
 
 COPY bypasses the column type (UTCDateTime), so the bulk path converts every time to
 naive UTC itself, in whatever zone it was given. A row reads back as the same
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, text
 
-from ledger import jobruns
-from ledger.jobruns import JobRunRow
+from ledger.jobs import jobruns
+from ledger.jobs.jobruns import JobRunRow
 
 T0 = datetime(2026, 12, 1, 3, 4, 5, tzinfo=UTC)
 EAST = timezone(timedelta(hours=5, minutes=30))

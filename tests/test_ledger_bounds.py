@@ -19,10 +19,10 @@ from sqlalchemy import insert, select
 
 from gpucredit.daemon.server import Daemon
 from ledger import api
+from ledger.books.grants import grants_t
+from ledger.books.journal import accounts_t
 from ledger.config import load_config
 from ledger.errors import InvalidInput
-from ledger.grants import grants_t
-from ledger.journal import accounts_t
 from ledger.money import (
     MAX_ACCOUNT_UCREDITS,
     MAX_CHARGE_UCREDITS,
@@ -31,7 +31,7 @@ from ledger.money import (
     MAX_UCREDITS,
     UCREDITS_CEILING,
 )
-from ledger.snapshot import take_snapshot
+from ledger.pricing.snapshot import take_snapshot
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 AT = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

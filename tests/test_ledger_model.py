@@ -52,8 +52,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import LedgerError
+from ledger.store.db import make_engine, make_sessionmaker
 from tests.conftest import _pg_admin, _pg_url, require
 
 START = datetime(2026, 12, 1, 9, tzinfo=UTC)

@@ -1,5 +1,5 @@
 """`gpucredit limits sync`, `limits show --slurm`, `slurm check` and the daemon's keeper:
-the ledger's blocks and caps (ledger/enforcement.py), scarcity's decision table, the plan
+the ledger's blocks and caps (ledger/views/enforcement.py), scarcity's decision table, the plan
 against recorded Slurm output (tests/fixtures/limits), batched sacctmgr calls that change
 exactly what they should, and the CLI with a FakeRunner that plays Slurm's state."""
 
@@ -41,7 +41,7 @@ from gpucredit.cli import _build
 from gpucredit.daemon.limits_keeper import LimitsKeeper
 from ledger import api, cli_support
 from ledger.config import DEFAULTS
-from ledger.db import make_sessionmaker
+from ledger.store.db import make_sessionmaker
 from slurmtext import SlurmTextError, parse_partition_qos, parse_sinfo_gpu_use, parse_tres
 
 FIXTURES = Path(__file__).parent / "fixtures" / "limits"

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-import ledger.holds
+import ledger.holds.create
 from accounting_bridge.meter.meter import CompactSqueue, Meter, cancel_argvs
 from accounting_bridge.slurm.records import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from ledger import api
+from ledger.books.journal import REVENUE, entries_t, postings_t
 from ledger.errors import NotFound
-from ledger.journal import REVENUE, entries_t, postings_t
 from ledger.money import charge_for, format_credits
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -315,13 +315,13 @@ def test_notify_mode_only_logs(tx, caplog: pytest.LogCaptureFixture) -> None:
 @pytest.fixture
 def lock_counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     counts: Counter[str] = Counter()
-    real = ledger.holds.lock_account
+    real = ledger.holds.create.lock_account
 
     def counting(s: Any, name: str) -> Any:
         counts[name] += 1
         return real(s, name)
 
-    monkeypatch.setattr(ledger.holds, "lock_account", counting)
+    monkeypatch.setattr(ledger.holds.create, "lock_account", counting)
     yield counts
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from ledger.db import make_engine
-from ledger.models import Base
-from ledger.schema import upgrade
+from ledger.store.db import make_engine
+from ledger.store.models import Base
+from ledger.store.schema import upgrade
 
 
 def test_migrations_match_the_models(db_url: str) -> None:
@@ -23,8 +23,8 @@ def test_a_hold_from_before_0004_keeps_its_identity_on_sqlite(tmp_path) -> None:
     """Migration 0004 gives old holds the UNKNOWN_SUBMIT submit time, spelt as the ledger
     binds it: SQLite compares times as text, so a repeat of an old run must still find it
     (and its allocations survive the table rebuild)."""
-    from ledger.db import make_sessionmaker
-    from ledger.holds import find_hold
+    from ledger.holds.create import find_hold
+    from ledger.store.db import make_sessionmaker
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     assert upgrade(engine, "0003") == "0003"

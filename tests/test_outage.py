@@ -1,6 +1,6 @@
 """Policy accept with outage credit lines (slurm_hooks/outage_spool.py), the read-back
 that charges what the hooks admitted (accounting_bridge/outage/readback.py), and the
-overspend bound (ledger/bounds.py, `gpucredit policy bound`); docs/outage.md.
+overspend bound (ledger/holds/bounds.py, `gpucredit policy bound`); docs/outage.md.
 
 The hooks run in-process against a daemon socket nobody listens on (the ledger is
 down) and a fake scontrol (tests/test_hooks.py's); the read-back and the bound run on
@@ -27,10 +27,10 @@ from accounting_bridge.sacct.reconcile import DEFAULT_POLICY, reconcile_runs
 from gpucredit.cli import _build
 from gpucredit.daemon.outage_keeper import OutageKeeper
 from ledger import api
-from ledger.bounds import OutageConfig, OutageLines, RunningRun, outage_bound
-from ledger.db import make_sessionmaker
 from ledger.errors import InvalidInput
+from ledger.holds.bounds import OutageConfig, OutageLines, RunningRun, outage_bound
 from ledger.money import charge_for, parse_credits
+from ledger.store.db import make_sessionmaker
 from slurm_hooks.hooks import main
 from slurm_hooks.outage_spool import (
     RUNS,

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.api import HoldState
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time
 from tests.conftest_portal import Site, csrf_token
 

@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time, utcnow
 from tests.conftest_portal import Site, bearer, make_app, seed_site
 
@@ -266,7 +266,7 @@ def test_an_expired_token_is_refused(call: Caller, monkeypatch: pytest.MonkeyPat
     with call.ledger() as s:
         _token, secret = api.create_token(s, "bob", "user", expires_at=expires)
     assert call("GET", "/prices", None, headers=bearer(secret)).status_code == 200
-    monkeypatch.setattr("ledger.identity.utcnow", lambda: expires + timedelta(seconds=1))
+    monkeypatch.setattr("ledger.access.identity.utcnow", lambda: expires + timedelta(seconds=1))
     response = call("GET", "/prices", None, headers=bearer(secret))
     assert response.status_code == 401
     assert error(response)["code"] == "unauthenticated"

@@ -33,9 +33,10 @@ from werkzeug.test import Client
 from gpucredit.cli import _build
 from gpucredit.daemon.metrics import DEFAULT_PORT, DaemonMetrics
 from gpucredit.daemon.server import Daemon
-from ledger import api, cli_support, jobruns
+from ledger import api, cli_support
 from ledger.config import load_config
-from ledger.db import make_engine, make_sessionmaker
+from ledger.jobs import jobruns
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import utcnow
 from portal import ood
 from portal.ood import ood_document
@@ -305,7 +306,7 @@ def test_metrics_allow_is_configurable(portal_db: str, site: Site) -> None:
 def shipped_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from ledger.schema import alembic_config
+    from ledger.store.schema import alembic_config
 
     return str(ScriptDirectory.from_config(alembic_config()).get_current_head())
 

@@ -15,8 +15,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import Session
 
-from ledger import api, jobruns
-from ledger.db import make_engine, make_sessionmaker
+from ledger import api
+from ledger.jobs import jobruns
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time, parse_time, utcnow
 from tests.conftest_portal import Site, login, make_app
 

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from tests.conftest import require
 from tests.conftest_portal import PASSWORD, TIMEOUT_MS, Site, private_file, seed_site
 from tests.nginx import Nginx, missing
@@ -649,7 +649,7 @@ def test_huge_ids_are_a_422_or_a_404_never_a_500(site: Deployment) -> None:
 
 
 def test_a_new_embedded_ledger_is_private(tmp_path: Path) -> None:
-    from ledger.db import make_engine as engine_for
+    from ledger.store.db import make_engine as engine_for
     from slurmbox.gpucredit_site import make_private
 
     database = tmp_path / "box" / "gpucredit.db"

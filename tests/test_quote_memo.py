@@ -18,9 +18,9 @@ from gpucredit.daemon.server import Daemon
 from gpucredit.daemon.slurm_facts import SINFO_ARGV
 from ledger import api
 from ledger.config import load_config
-from ledger.db import make_engine, make_sessionmaker
-from ledger.prices import PriceTable
-from ledger.snapshot import STALE_AFTER_SECONDS, Snapshot, SnapshotKeeper
+from ledger.pricing.prices import PriceTable
+from ledger.pricing.snapshot import STALE_AFTER_SECONDS, Snapshot, SnapshotKeeper
+from ledger.store.db import make_engine, make_sessionmaker
 
 NO_VAL = 4294967294
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

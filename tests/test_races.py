@@ -29,8 +29,8 @@ from typing import Any
 from sqlalchemy import text
 
 from ledger import api
-from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import LedgerError
+from ledger.store.db import make_engine, make_sessionmaker
 
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
 END = AT + timedelta(days=30)  # after every effective time the races use

@@ -37,10 +37,10 @@ from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from gpucredit.cli import _build
 from ledger import api, cli_support
-from ledger.db import make_sessionmaker
+from ledger.books.journal import REVENUE, entries_t, postings_t
 from ledger.errors import Conflict, InvalidInput
-from ledger.journal import REVENUE, entries_t, postings_t
-from ledger.models import JobRun
+from ledger.store.db import make_sessionmaker
+from ledger.store.models import JobRun
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 job_runs_t = JobRun.__table__
@@ -637,7 +637,7 @@ def test_runs_another_writer_stored_meanwhile_are_upserted(ledger, factory, monk
     # 210 rows: PostgreSQL inserts them with COPY, which the stored rows make fail.
     runs = [synthetic(30_000 + i, gpus={}) for i in range(210)]
     reconcile(factory, runs)
-    monkeypatch.setattr("ledger.jobruns.load_job_runs", lambda s, jobs: {})
+    monkeypatch.setattr("ledger.jobs.jobruns.load_job_runs", lambda s, jobs: {})
     changed = [replace(run, elapsed_seconds=5) for run in runs]
     assert reconcile(factory, changed).counts["not_charged"] == 210
     assert counts(ledger)[4] == 210

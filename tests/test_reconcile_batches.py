@@ -25,8 +25,8 @@ from accounting_bridge.sacct.reconcile import Summary, reconcile_runs, reconcile
 from accounting_bridge.slurm.records import ParseResult, SacctRun, SqueueResult
 from gpucredit.cli import _build
 from ledger import api
-from ledger.db import make_sessionmaker
-from ledger.models import JobRun
+from ledger.store.db import make_sessionmaker
+from ledger.store.models import JobRun
 
 job_runs_t = JobRun.__table__
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

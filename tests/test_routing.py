@@ -2,7 +2,7 @@
 message's credit warning (docs/routing.md).
 
 From the comment's grammar (slurmtext) through the ledger's decision table
-(ledger.routing) and the credit-use read (ledger.credit_use) to the daemon's answer
+(ledger.pricing.routing) and the credit-use read (ledger.books.credit_use) to the daemon's answer
 (job_submit.route_answer), whose every message is checked word for word.
 """
 
@@ -20,12 +20,12 @@ from sqlalchemy import Engine
 from gpucredit.daemon import Daemon
 from job_submit import answer
 from ledger import api
-from ledger.accounts import Limits
+from ledger.books.accounts import Limits
 from ledger.config import load_config
-from ledger.db import make_sessionmaker
 from ledger.errors import InvalidInput
 from ledger.money import format_credits, parse_credits
-from ledger.routing import CLOUD, ONPREM, CostLimit, PartitionOption, RoutingConfig, route
+from ledger.pricing.routing import CLOUD, ONPREM, CostLimit, PartitionOption, RoutingConfig, route
+from ledger.store.db import make_sessionmaker
 from ledger.timeutil import utcnow
 from slurmtext import MAX_COMMENT_CHARS, SlurmTextError, comment_directives, routed_comment
 

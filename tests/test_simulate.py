@@ -125,7 +125,7 @@ def test_policy_accept_charges_unreserved_runs_exactly(tmp_path: Path) -> None:
     _assert_books_right(report)
     assert report["events"]["unreserved_start"] >= 1
     assert report["exactness"]["bridge_changes"]["unreserved"] != "0.00"
-    # The ledger's own bound (ledger.bounds): the 200-credit outage line of each of the
+    # The ledger's own bound (ledger.holds.bounds): the 200-credit outage line of each of the
     # three outages (daemon, database, partition), plus any upward correction.
     for row in report["overspend"]["worst"]:
         assert parse_credits(row["bound"]) >= 3 * parse_credits("200"), row
@@ -137,7 +137,7 @@ def test_lease_mode_books_are_exact_and_bounded(tmp_path: Path) -> None:
     assert report["config"]["lease_seconds"] == 4 * TINY.meter_interval_seconds
     # The meter renewed leases, and its outages count in the ledger's bound.
     assert report["throughput"]["ops"]["lease_renewal"] >= 1
-    assert report["overspend"]["bound_rule"].startswith("ledger.bounds")
+    assert report["overspend"]["bound_rule"].startswith("ledger.holds.bounds")
 
 
 def test_postgres_books_are_exact(pg_url: str) -> None:
@@ -167,8 +167,8 @@ def test_bridge_never_settles_a_running_attempt_from_a_refused_one(tmp_path: Pat
     epilog settles it (the full month stopped on 'hold ... is already settled')."""
     from accounting_bridge.sacct.reconcile import reconcile_runs
     from ledger import api
-    from ledger.db import make_engine, make_sessionmaker
-    from ledger.schema import upgrade
+    from ledger.store.db import make_engine, make_sessionmaker
+    from ledger.store.schema import upgrade
 
     engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
     upgrade(engine)

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from accounting_bridge.sync.fairshare_sync import SSHARE_ARGV, read_sshare
 from gpucredit.cli import _build
 from ledger import api, cli_support
-from ledger.db import make_engine, make_sessionmaker
+from ledger.store.db import make_engine, make_sessionmaker
 from slurmbox import SlurmBox, run
 from slurmtext import parse_parsable
 

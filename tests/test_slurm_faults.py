@@ -36,11 +36,11 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from ledger import api, cli_support
-from ledger.db import make_engine
-from ledger.holds import HoldState
-from ledger.journal import entries_t
+from ledger.books.journal import entries_t
+from ledger.holds.create import HoldState
 from ledger.money import charge_for, format_credits
-from ledger.schema import upgrade
+from ledger.store.db import make_engine
+from ledger.store.schema import upgrade
 from ledger.timeutil import parse_time, utcnow
 from slurmbox import SlurmBox, run
 from slurmbox.box import JOB_DIR
@@ -728,7 +728,7 @@ def test_nvml_agent_killed_leaves_a_gap_in_usage_and_charges_alone(faults: Fault
     """The node agent (fake NVML here) is SIGKILLed while a job runs: its usage record
     stops short of the run (a gap: fewer allocated GPU-seconds than sacct's elapsed), and
     the charge, which never reads it, is exact."""
-    from ledger.models import GpuUsage, table_of
+    from ledger.store.models import GpuUsage, table_of
 
     usage_t = table_of(GpuUsage)
     account = faults.new_account("10")

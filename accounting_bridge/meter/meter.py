@@ -1,6 +1,6 @@
 """`gpucredit bridge meter`: running time becomes cost so far; act on the holds that need it.
 
-A running job's cost so far is computed on read (`ledger.accrual`: the charge for its
+A running job's cost so far is computed on read (`ledger.holds.accrual`: the charge for its
 cumulative seconds at its hold's rate, rounded once), so the meter does not post a
 journal entry per job per tick. One tick (docs/design.md §3.3):
 
@@ -52,8 +52,9 @@ from sqlalchemy.orm import Session
 from accounting_bridge.slurm.gc_pause import cycle_collection_paused
 from accounting_bridge.slurm.records import SqueueJob, SqueueResult, parse_squeue_compact, squeue_compact_argv
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from ledger import api, jobruns
+from ledger import api
 from ledger.errors import LedgerError
+from ledger.jobs import jobruns
 from ledger.money import format_credits
 from ledger.timeutil import MAX_JOB_SECONDS, as_utc, day_bounds, format_time, utcnow
 from slurmtext import comment_text

@@ -1,6 +1,6 @@
 """`gpucredit policy bound | spool | readback`: what a ledger outage can cost, and its spool.
 
-`bound --outage 30m` prints the overspend bound (ledger/bounds.py, docs/outage.md) for
+`bound --outage 30m` prints the overspend bound (ledger/holds/bounds.py, docs/outage.md) for
 the configured hold mode, outage policy and credit lines and the runs holding credit
 now; `spool` lists the runs the hooks started without the ledger and what they count
 against the lines; `readback` charges the ended ones now (the daemon does it on its own
@@ -128,7 +128,7 @@ def readback_command(ctx: click.Context, fmt: str) -> None:
     config = load_config()
     api.OutageConfig.from_config(config)
     directory = config["policy"].get("outage_spool_dir", DEFAULT_SPOOL_DIR)
-    from ledger.db import make_sessionmaker
+    from ledger.store.db import make_sessionmaker
 
     sessions = make_sessionmaker(engine_for())
     now = clock(ctx)()

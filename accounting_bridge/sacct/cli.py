@@ -44,7 +44,7 @@ def _job_source(ctx: click.Context, config: dict[str, Any]) -> Any:
 
 
 def _session_factory() -> Any:
-    from ledger.db import make_sessionmaker
+    from ledger.store.db import make_sessionmaker
 
     return make_sessionmaker(engine_for())
 

@@ -34,7 +34,7 @@ from accounting_bridge.sacct.reconcile import (
 )
 from accounting_bridge.slurm.backends import JobSource
 from accounting_bridge.slurm.records import ParseError
-from ledger import jobruns
+from ledger.jobs import jobruns
 from ledger.timeutil import format_time
 
 __all__ = [

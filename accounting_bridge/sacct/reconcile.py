@@ -32,12 +32,12 @@ the run was sold at), or, for a type the hold did not have, at the price in forc
 the run's start (the ledger's ``PriceTable``).
 
 Money moves only through :mod:`ledger.api`; ``job_runs`` is a projection written
-(through :mod:`ledger.jobruns`) in the same transaction as the entry it reflects.
+(through :mod:`ledger.jobs.jobruns`) in the same transaction as the entry it reflects.
 Everything is idempotent: re-running a round finds every charge equal to its target
 and posts nothing.
 
 Throughput comes from batching (:func:`reconcile_runs`): one compact read per chunk
-of the window (:mod:`ledger.jobrun_records`, one text per stored attempt) finds the
+of the window (:mod:`ledger.jobs.jobrun_records`, one text per stored attempt) finds the
 runs whose Slurm record (state, elapsed, GPUs) equals the one stored for the same
 attempt: they are unchanged and cost one string and one set lookup each. The other
 runs are grouped by job, in batches; a read per batch loads their stored rows and
@@ -70,9 +70,10 @@ from sqlalchemy.orm import Session
 
 from accounting_bridge.slurm.gc_pause import cycle_collection_paused
 from accounting_bridge.slurm.records import TERMINAL_STATES, SacctRun
-from ledger import api, jobrun_records, jobruns
+from ledger import api
 from ledger.errors import InvalidInput, LedgerError
-from ledger.jobruns import UNKNOWN_SUBMIT, AttemptKey, HoldView, JobRunRow, StoredRun
+from ledger.jobs import jobrun_records, jobruns
+from ledger.jobs.jobruns import UNKNOWN_SUBMIT, AttemptKey, HoldView, JobRunRow, StoredRun
 from ledger.money import format_credits
 from ledger.timeutil import utcnow
 

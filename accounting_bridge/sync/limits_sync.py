@@ -1,9 +1,10 @@
 """The ledger's GPU caps and blocks, and scarcity caps, in Slurm's own limits.
 
 Slurm enforces these without asking gpucredit, so they hold while the ledger, the
-daemon or the network is down (docs/limits-sync.md)::
+daemon or the network is down (docs/limits-sync.md; what the ledger says is
+ledger/views/enforcement.py's)::
 
-    the ledger says (ledger/enforcement.py)   Slurm gets                        a job over it waits with
+    the ledger says                            Slurm gets                        a job over it waits with
     account: at most N GPUs at once            account association GrpTRES      AssocGrpGRES
     member:  at most N GPUs at once            user association GrpTRES         AssocGrpGRES
     account blocked (no credit, daily cap)     account association GrpTRES = 0  AssocGrpGRES

@@ -104,7 +104,7 @@ class Books:
     peak_running_jobs: int = 0
     peak_running_gpus: int = 0
     duplicate_epilog_mismatches: list[str] = field(default_factory=list)
-    # Per account, the ledger's own outage bound (ledger.bounds) summed over the outages;
+    # Per account, the ledger's own outage bound (ledger.holds.bounds) summed over the outages;
     # None: unbounded or not available from this ledger.
     outage_bounds: dict[str, int | None] = field(default_factory=dict)
     outage_bound_source: str = ""
@@ -798,21 +798,23 @@ class Simulation:
         self._push(self.now + fault.seconds, "recover", fault)
 
     def _outage_bound(self, seconds: int, *, hooks_up: bool = False) -> None:
-        """What `gpucredit policy bound --outage D` says as the outage begins (ledger.bounds),
+        """What `gpucredit policy bound --outage D` says as the outage begins (ledger.holds.bounds),
         added to each account's bound; without it in this ledger, reject's 0 only.
         `hooks_up`: only the meter is away (the hooks admit nothing unreserved)."""
         bounds = self.books.outage_bounds
         current = getattr(api, "current_outage_bound", None)
         names = [a.name for a in self.workload.accounts]
         if current is None:
-            self.books.outage_bound_source = "0 for reject (ledger.bounds not available)"
+            self.books.outage_bound_source = "0 for reject (ledger.holds.bounds not available)"
             for name in names:
                 if self.config.policy == "reject":
                     bounds.setdefault(name, 0)
                 else:
                     bounds[name] = None
             return
-        self.books.outage_bound_source = "ledger.bounds (gpucredit policy bound), summed over the outages"
+        self.books.outage_bound_source = (
+            "ledger.holds.bounds (gpucredit policy bound), summed over the outages"
+        )
         config = self.ledger_config
         if hooks_up:
             config = {**config, "policy": {"on_ledger_unreachable": "reject"}}

@@ -355,7 +355,7 @@ class GroupCommitter:
 
 def _connection_lost(s: Session, error: Exception) -> bool:
     """Whether `error` means the session's connection is dead; if so it is invalidated, so
-    the pool never hands it out again. The pipelined reads (ledger.bulk.select_many) talk
+    the pool never hands it out again. The pipelined reads (ledger.store.bulk.select_many) talk
     to psycopg directly, so their errors are the driver's, not SQLAlchemy's."""
     if isinstance(error, DBAPIError):
         return bool(error.connection_invalidated)

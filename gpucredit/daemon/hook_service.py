@@ -33,7 +33,7 @@ def hold(
     s: Session, request: Mapping[str, Any], *, grace_seconds: int, lease_seconds: int | None = None
 ) -> dict[str, Any]:
     """Reserve credit for one run, idempotently on (cluster, job_id, run); with
-    `lease_seconds` (holds.mode = "lease") the hold covers that window (ledger.leases)."""
+    `lease_seconds` (holds.mode = "lease") the hold covers that window (ledger.holds.leases)."""
     account, arguments = _hold_arguments(request, grace_seconds, lease_seconds)
     return api.create_hold(s, account, **arguments).as_dict()
 
@@ -132,7 +132,7 @@ def apply_batch(
     locked: api.LockedBatch | None = None,
 ) -> list[Answer | None]:
     """The group commit's fast path: a batch's settles, then its holds, each set written in a
-    few statements (ledger.hold_batch). Each request gets (its HoldState, None), (None, its
+    few statements (ledger.holds.batch). Each request gets (its HoldState, None), (None, its
     refusal), or None: `hold` or `settle` answers it alone after this (repeats, limits, odd
     requests). The HoldState is worded for the reply (`reply_result`) by the daemon's socket
     thread, off the writer, which meanwhile starts the next batch."""

@@ -54,8 +54,8 @@ from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
 from job_submit.request import InvalidRequest, JobRequest
 from ledger.api import LockedBatch, RoutingConfig, Snapshot, SnapshotKeeper, lock_batch, parse_share
-from ledger.db import make_engine, make_sessionmaker
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
+from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import utcnow
 from slurmtext import UNTYPED_GPU
 

@@ -23,7 +23,7 @@ from portal.pages.figures import cost_so_far, elapsed_seconds, slurm_duration
 from portal.pages.output import output_tail
 from portal.store import transaction
 
-# Statuses a user can filter by (ledger.history): running, Slurm's final states once
+# Statuses a user can filter by (ledger.views.history): running, Slurm's final states once
 # ingested, else how the hold resolved.
 STATUSES = (
     "running",

@@ -1,0 +1,1 @@
+"""The books: the journal, accounts, grants and balances."""

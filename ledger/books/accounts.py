@@ -1,0 +1,297 @@
+"""Customer accounts (mirroring Slurm accounts), their members, and per-user limits."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from ledger.books.journal import LockedAccount, accounts_t
+from ledger.errors import Conflict, InvalidInput, NotFound
+from ledger.money import format_credits, parse_credits
+from ledger.store.bulk import among, select_many
+from ledger.store.models import Limit, Member, table_of
+from ledger.timeutil import utcnow
+
+members_t = table_of(Member)
+limits_t = table_of(Limit)
+
+# Slurm account and user names: letters, digits, '_', '-', '.'; ':' is reserved for system accounts.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_name(name: str, what: str = "account") -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidInput(
+            f"{what} name {name!r} is not a valid Slurm name", code=f"invalid_{what}", details={"value": name}
+        )
+    return name
+
+
+def create_account(s: Session, name: str, *, at: datetime | None = None) -> dict[str, Any]:
+    check_name(name)
+    existing = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first()
+    if existing:
+        raise Conflict(f"account {name} already exists", code="already_exists", details={"account": name})
+    s.execute(
+        insert(accounts_t).values(
+            name=name,
+            kind="customer",
+            created_at=at or utcnow(),
+            debt_ucredits=0,
+            entry_count=0,
+            head_hash="",
+        )
+    )
+    return {"account": name, "created": True}
+
+
+def ensure_account(s: Session, name: str) -> bool:
+    """Create `name` unless it exists; True when it was created."""
+    check_name(name)
+    if s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first():
+        return False
+    create_account(s, name)
+    return True
+
+
+_LOCKED_COLUMNS = (
+    accounts_t.c.id,
+    accounts_t.c.name,
+    accounts_t.c.debt_ucredits,
+    accounts_t.c.entry_count,
+    accounts_t.c.head_hash,
+)
+
+
+def lock_account(s: Session, name: str) -> LockedAccount:
+    """Lock one customer account row for the rest of the transaction."""
+    return read_account(s, name, lock=True)
+
+
+def lock_accounts(s: Session, names: Collection[str] = (), ids: Any = None) -> dict[int, LockedAccount]:
+    """Lock several customer accounts in one statement, in id order; returns them by id.
+
+    For a batch of single-account operations in one transaction (the daemon's group
+    commit): locked one by one in arrival order, two batches could take the same two
+    accounts in opposite orders and deadlock. `ids` may be a subquery. On SQLite the rows
+    are only read: BEGIN IMMEDIATE already holds the whole database. Names that are no
+    customer account are left out (`no_account` is the refusal).
+    """
+    if not names and ids is None:
+        return {}
+    postgres = s.get_bind().dialect.name == "postgresql"
+    if ids is None or isinstance(ids, (list, tuple, set, frozenset)):
+        # One SQL text whatever the lists (select_many): on PostgreSQL, a transaction's
+        # first statement goes out with its BEGIN, one round trip for both.
+        params = {"names": sorted(names), "ids": sorted(ids or ())}
+        return {row.id: LockedAccount(*row) for row in select_many(s, [(lock_query(postgres), params)])[0]}
+    wanted = []
+    if names:
+        wanted.append(accounts_t.c.name.in_(sorted(names)))
+    wanted.append(accounts_t.c.id.in_(ids))
+    query = (
+        select(*_LOCKED_COLUMNS)
+        .where(accounts_t.c.kind == "customer", or_(*wanted))
+        .order_by(accounts_t.c.id)
+    )
+    if s.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return {row.id: LockedAccount(*row) for row in s.execute(query)}
+
+
+_LOCK_QUERIES: dict[bool, Any] = {}
+
+
+def lock_query(postgres: bool) -> Any:
+    """The statement of `lock_accounts`, taking lists `names` and `ids` (`select_many`)."""
+    if postgres not in _LOCK_QUERIES:
+        query = select(*_LOCKED_COLUMNS).where(
+            accounts_t.c.kind == "customer",
+            or_(among(accounts_t.c.name, "names", postgres), among(accounts_t.c.id, "ids", postgres)),
+        )
+        query = query.order_by(accounts_t.c.id)
+        _LOCK_QUERIES[postgres] = query.with_for_update() if postgres else query
+    return _LOCK_QUERIES[postgres]
+
+
+def no_account(name: str) -> NotFound:
+    return NotFound(f"account {name!r} does not exist", details={"account": name})
+
+
+def lock_account_by_id(s: Session, account_id: Any) -> LockedAccount | None:
+    """Lock a customer account by id (or by a scalar subquery yielding it)."""
+    query = select(
+        accounts_t.c.id,
+        accounts_t.c.name,
+        accounts_t.c.debt_ucredits,
+        accounts_t.c.entry_count,
+        accounts_t.c.head_hash,
+    ).where(accounts_t.c.id == account_id, accounts_t.c.kind == "customer")
+    if s.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    row = s.execute(query).first()
+    return (
+        None
+        if row is None
+        else LockedAccount(row.id, row.name, row.debt_ucredits, row.entry_count, row.head_hash)
+    )
+
+
+def read_account(s: Session, name: str, *, lock: bool = False) -> LockedAccount:
+    query = select(
+        accounts_t.c.id,
+        accounts_t.c.name,
+        accounts_t.c.debt_ucredits,
+        accounts_t.c.entry_count,
+        accounts_t.c.head_hash,
+    ).where(accounts_t.c.name == name, accounts_t.c.kind == "customer")
+    if lock and s.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    row = s.execute(query).first()
+    if row is None:
+        raise no_account(name)
+    return LockedAccount(row.id, row.name, row.debt_ucredits, row.entry_count, row.head_hash)
+
+
+def account_names(s: Session) -> list[str]:
+    return list(
+        s.execute(
+            select(accounts_t.c.name).where(accounts_t.c.kind == "customer").order_by(accounts_t.c.name)
+        ).scalars()
+    )
+
+
+def add_member(s: Session, user: str, account: str, role: str = "member") -> dict[str, Any]:
+    """Add `user` to `account`, or change their role there."""
+    check_name(user, "user")
+    if role not in ("member", "manager"):
+        raise InvalidInput("role must be member or manager", code="invalid_role", details={"value": role})
+    acct = lock_account(s, account)
+    where = (members_t.c.account_id == acct.id, members_t.c.user == user)
+    if s.execute(select(members_t.c.id).where(*where)).first():
+        s.execute(update(members_t).where(*where).values(role=role))
+    else:
+        s.execute(insert(members_t).values(account_id=acct.id, user=user, created_at=utcnow(), role=role))
+    return {"account": account, "user": user, "role": role}
+
+
+def members(s: Session, account_id: int) -> list[str]:
+    return list(
+        s.execute(
+            select(members_t.c.user).where(members_t.c.account_id == account_id).order_by(members_t.c.user)
+        ).scalars()
+    )
+
+
+def is_member(s: Session, account_id: int, user: str) -> bool:
+    return (
+        s.execute(
+            select(members_t.c.id).where(members_t.c.account_id == account_id, members_t.c.user == user)
+        ).first()
+        is not None
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_gpus: int | None = None
+    max_rate_ucredits_per_second: int | None = None
+    daily_cap_ucredits: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_gpus": self.max_gpus,
+            "max_rate": None
+            if self.max_rate_ucredits_per_second is None
+            else format_credits(self.max_rate_ucredits_per_second),
+            "daily_cap": None if self.daily_cap_ucredits is None else format_credits(self.daily_cap_ucredits),
+        }
+
+
+def set_limits(
+    s: Session,
+    account: str,
+    *,
+    user: str | None = None,
+    max_gpus: int | None = None,
+    max_rate: str | None = None,
+    daily_cap: str | None = None,
+    clear: bool = False,
+) -> dict[str, Any]:
+    """Set the given caps (others unchanged; `clear` removes all caps first)."""
+    acct = lock_account(s, account)
+    if user is not None:
+        check_name(user, "user")
+    if max_gpus is not None and (not isinstance(max_gpus, int) or max_gpus < 0 or max_gpus > 10**6):
+        raise InvalidInput(
+            f"max GPUs {max_gpus!r} must be a whole number >= 0",
+            code="invalid_limit",
+            details={"field": "max_gpus", "value": max_gpus},
+        )
+    values: dict[str, Any] = {}
+    if clear:
+        values = {"max_gpus": None, "max_rate_ucredits_per_second": None, "daily_cap_ucredits": None}
+    if max_gpus is not None:
+        values["max_gpus"] = max_gpus
+    if max_rate is not None:
+        values["max_rate_ucredits_per_second"] = parse_credits(max_rate, field="max_rate", allow_zero=True)
+    if daily_cap is not None:
+        values["daily_cap_ucredits"] = parse_credits(daily_cap, field="daily_cap", allow_zero=True)
+    where = (
+        limits_t.c.account_id == acct.id,
+        limits_t.c.user.is_(None) if user is None else limits_t.c.user == user,
+    )
+    values["updated_at"] = utcnow()
+    if s.execute(select(limits_t.c.id).where(*where)).first():
+        s.execute(update(limits_t).where(*where).values(**values))
+    else:
+        s.execute(insert(limits_t).values(account_id=acct.id, user=user, **values))
+    return show_limits(s, account)
+
+
+def limits_for(s: Session, account_id: int, user: str | None) -> Limits:
+    where = limits_t.c.user.is_(None) if user is None else limits_t.c.user == user
+    row = s.execute(select(limits_t).where(limits_t.c.account_id == account_id, where)).first()
+    if row is None:
+        return Limits()
+    return Limits(row.max_gpus, row.max_rate_ucredits_per_second, row.daily_cap_ucredits)
+
+
+def limits_of(s: Session, account_id: int, user: str) -> dict[str | None, Limits]:
+    """The account's caps (key None) and one user's (key `user`), in one query."""
+    caps: dict[str | None, Limits] = {None: Limits(), user: Limits()}
+    for row in s.execute(
+        select(limits_t).where(
+            limits_t.c.account_id == account_id, or_(limits_t.c.user.is_(None), limits_t.c.user == user)
+        )
+    ):
+        caps[row.user] = Limits(row.max_gpus, row.max_rate_ucredits_per_second, row.daily_cap_ucredits)
+    return caps
+
+
+def show_limits(s: Session, account: str) -> dict[str, Any]:
+    row = s.execute(
+        select(accounts_t.c.id).where(accounts_t.c.name == account, accounts_t.c.kind == "customer")
+    ).first()
+    if row is None:
+        raise NotFound(f"account {account!r} does not exist", details={"account": account})
+    result: dict[str, Any] = {
+        "account": account,
+        "account_limits": limits_for(s, row.id, None).as_dict(),
+        "users": {},
+    }
+    for lim in s.execute(
+        select(limits_t)
+        .where(limits_t.c.account_id == row.id, limits_t.c.user.is_not(None))
+        .order_by(limits_t.c.user)
+    ):
+        result["users"][lim.user] = Limits(
+            lim.max_gpus, lim.max_rate_ucredits_per_second, lim.daily_cap_ucredits
+        ).as_dict()
+    return result

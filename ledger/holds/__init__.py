@@ -1,0 +1,1 @@
+"""The hold rules: create, charge, settle, release, expire."""

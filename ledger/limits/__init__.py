@@ -1,0 +1,1 @@
+"""The limits: caps per account and user, and the rules a new hold must pass."""

@@ -1,0 +1,310 @@
+"""Limits checked when a hold is taken, and the daily caps the meter watches.
+
+Concurrent GPUs (user, account), spend rate (sum of active burn rates + the new one
+<= cap) and daily spend (spent today + held + the new hold <= cap). A refusal is a
+`LimitExceeded` naming the limit, the current value and the cap; its details carry
+`"alone": True` when the job breaks the cap on its own, whatever else runs, so that
+it can never start under that cap (the prolog says so, and the daemon never
+releases it: docs/design.md §4.12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from ledger.books.accounts import Limits, limits_of, limits_t
+from ledger.books.journal import REVENUE, LockedAccount, accounts_t, entries_t, postings_t
+from ledger.errors import LimitExceeded
+from ledger.money import format_credits, format_rate
+from ledger.store.models import Hold, table_of
+from ledger.store.sums import joined, split_sum
+from ledger.timeutil import day_bounds
+
+holds_t = table_of(Hold)
+
+
+def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
+    """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
+    uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
+    query = select(
+        func.coalesce(func.sum(holds_t.c.gpu_count), 0),
+        *split_sum(holds_t.c.rate_ucredits_per_hour),
+        *split_sum(case((uncharged > 0, uncharged), else_=0)),
+    ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
+    if user is not None:
+        query = query.where(holds_t.c.user == user)
+    gpus, rate_high, rate_low, held_high, held_low = s.execute(query).one()
+    return int(gpus), joined(rate_high, rate_low), joined(held_high, held_low)
+
+
+def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
+    """Charges (net of refunds) effective on `at`'s UTC day."""
+    start, end = day_bounds(at)
+    query = (
+        select(*split_sum(postings_t.c.amount_ucredits))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(
+            entries_t.c.account_id == account_id,
+            postings_t.c.account_id == REVENUE,
+            entries_t.c.effective_at >= start,
+            entries_t.c.effective_at < end,
+        )
+    )
+    if user is not None:
+        query = query.where(entries_t.c.user == user)
+    return joined(*s.execute(query).one())
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an account or a user has running now, as the limits see it: the active holds'
+    GPUs, burn rate per hour and uncharged credit, and the day's charges so far."""
+
+    gpus: int = 0
+    rate_ucredits_per_hour: int = 0
+    held_ucredits: int = 0
+    spent_today_ucredits: int = 0
+
+
+def capped_usage(s: Session, at: datetime) -> dict[tuple[int, str | None], Usage]:
+    """Usage (see `Usage`) of every account that has a cap of its own or on a member,
+    by (account id, user) and for the whole account under (account id, None): what the
+    job_submit snapshot sets beside the caps. Four grouped reads, whatever the count."""
+    capped = select(limits_t.c.account_id).distinct().scalar_subquery()
+    uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
+    usage: dict[tuple[int, str | None], Usage] = {}
+
+    def add(key: tuple[int, str | None], more: Usage) -> None:
+        old = usage.get(key, Usage())
+        usage[key] = Usage(
+            old.gpus + more.gpus,
+            old.rate_ucredits_per_hour + more.rate_ucredits_per_hour,
+            old.held_ucredits + more.held_ucredits,
+            old.spent_today_ucredits + more.spent_today_ucredits,
+        )
+
+    holds = s.execute(
+        select(
+            holds_t.c.account_id,
+            holds_t.c.user,
+            func.sum(holds_t.c.gpu_count),
+            func.sum(holds_t.c.rate_ucredits_per_hour),
+            func.sum(case((uncharged > 0, uncharged), else_=0)),
+        )
+        .where(holds_t.c.state == "active", holds_t.c.account_id.in_(capped))
+        .group_by(holds_t.c.account_id, holds_t.c.user)
+    )
+    for account_id, user, gpus, rate, held in holds:
+        for key in _scopes(account_id, user):
+            add(key, Usage(int(gpus or 0), int(rate or 0), int(held or 0)))
+    start, end = day_bounds(at)
+    spent = s.execute(
+        select(entries_t.c.account_id, entries_t.c.user, func.sum(postings_t.c.amount_ucredits))
+        .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
+        .where(
+            postings_t.c.account_id == REVENUE,
+            entries_t.c.account_id.in_(capped),
+            entries_t.c.effective_at >= start,
+            entries_t.c.effective_at < end,
+        )
+        .group_by(entries_t.c.account_id, entries_t.c.user)
+    )
+    for account_id, user, amount in spent:
+        for key in _scopes(account_id, user):
+            add(key, Usage(spent_today_ucredits=int(amount or 0)))
+    return usage
+
+
+def _scopes(account_id: int, user: str | None) -> list[tuple[int, str | None]]:
+    """The scopes a row counts in: the account, and its user's when it has one."""
+    return [(account_id, None)] if user is None else [(account_id, user), (account_id, None)]
+
+
+def check_limits(
+    s: Session, account: LockedAccount, user: str, gpu_count: int, rate: int, amount: int, at: datetime
+) -> None:
+    """Refuse a new hold that would break a user or account cap, naming value and cap."""
+    caps = limits_of(s, account.id, user)
+
+    def usage(who: str | None) -> Usage:
+        gpus, rate_now, held = _usage_of_active_holds(s, account.id, who)
+        daily = caps[who].daily_cap_ucredits is not None
+        return Usage(gpus, rate_now, held, spent_on_day(s, account.id, who, at) if daily else 0)
+
+    breach = limit_breach(
+        caps, usage, account=account.name, user=user, gpu_count=gpu_count, rate=rate, amount=amount
+    )
+    if breach is not None:
+        raise breach
+
+
+def limit_breach(
+    caps: Mapping[str | None, Limits],
+    usage: Callable[[str | None], Usage],
+    *,
+    account: str,
+    user: str,
+    gpu_count: int,
+    rate: int,
+    amount: int,
+) -> LimitExceeded | None:
+    """The cap a new hold of `gpu_count` GPUs at `rate` per hour reserving `amount` would
+    break, the user's before the account's, or None. `caps` are the account's (key None)
+    and the user's (key `user`); `usage(who)` is asked only for a scope with a cap. The
+    one rule behind both the hold (`check_limits`, usage read under the account's lock)
+    and job_submit's estimate (the snapshot's usage)."""
+    for scope, who in (("user", user), ("account", None)):
+        limits = caps.get(who) or Limits()
+        if limits == Limits():
+            continue
+        subject = f"user {user} in account {account}" if who else f"account {account}"
+        now = usage(who)
+        if limits.max_gpus is not None and now.gpus + gpu_count > limits.max_gpus:
+            total_gpus = now.gpus + gpu_count
+            return LimitExceeded(
+                "concurrent_gpus",
+                f"{subject}: {total_gpus} concurrent GPUs would exceed the cap of "
+                f"{limits.max_gpus} ({now.gpus} in use + {gpu_count} requested)",
+                {"limit": "concurrent_gpus", "scope": scope, "value": total_gpus, "cap": limits.max_gpus}
+                | _alone(gpu_count > limits.max_gpus),
+            )
+        if limits.max_rate_ucredits_per_second is not None:
+            cap_per_hour = limits.max_rate_ucredits_per_second * 3600
+            if now.rate_ucredits_per_hour + rate > cap_per_hour:
+                value = format_rate(now.rate_ucredits_per_hour + rate)
+                cap = format_rate(cap_per_hour)
+                return LimitExceeded(
+                    "spend_rate",
+                    f"{subject}: spend rate {value}/s would exceed the cap of {cap}/s",
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap}
+                    | _alone(rate > cap_per_hour),
+                )
+        if limits.daily_cap_ucredits is not None:
+            spent, held = now.spent_today_ucredits, now.held_ucredits
+            value_u = spent + held + amount
+            if value_u > limits.daily_cap_ucredits:
+                value = format_credits(value_u)
+                cap = format_credits(limits.daily_cap_ucredits)
+                return LimitExceeded(
+                    "daily_cap",
+                    f"{subject}: {value} credits today would exceed the daily cap "
+                    f"of {cap} ({format_credits(spent)} spent + "
+                    f"{format_credits(held)} held + {format_credits(amount)} "
+                    "for this job)",
+                    {
+                        "limit": "daily_cap",
+                        "scope": scope,
+                        "value": value,
+                        "cap": cap,
+                        "spent": format_credits(spent),
+                        "held": format_credits(held),
+                        "requested": format_credits(amount),
+                    }
+                    | _alone(amount > limits.daily_cap_ucredits),
+                )
+    return None
+
+
+def _alone(alone: bool) -> dict[str, bool]:
+    """The detail that marks a job over a cap on its own (see the module docstring)."""
+    return {"alone": True} if alone else {}
+
+
+def static_limit_breach(
+    caps: Mapping[str | None, Limits],
+    user: str,
+    gpu_count: int,
+    rate_ucredits_per_hour: int,
+    cost_ucredits: int,
+) -> LimitExceeded | None:
+    """A cap that one job breaks on its own, whatever else runs: what job_submit can tell
+    before the job exists (the hold checks the rest, with what is running, under the lock).
+
+    `caps` are the account's (key None) and the user's (key `user`); `cost_ucredits` is
+    one run's (an array task's) cost.
+    """
+    for who, scope, subject in ((user, "user", f"user {user}"), (None, "account", "the account")):
+        limits = caps.get(who) or Limits()
+        if limits.max_gpus is not None and gpu_count > limits.max_gpus:
+            return LimitExceeded(
+                "concurrent_gpus",
+                f"{gpu_count} GPUs exceed the cap of {limits.max_gpus} for {subject}",
+                {"limit": "concurrent_gpus", "scope": scope, "value": gpu_count, "cap": limits.max_gpus},
+            )
+        if limits.max_rate_ucredits_per_second is not None:
+            cap_per_hour = limits.max_rate_ucredits_per_second * 3600
+            if rate_ucredits_per_hour > cap_per_hour:
+                value, cap = format_rate(rate_ucredits_per_hour), format_rate(cap_per_hour)
+                return LimitExceeded(
+                    "spend_rate",
+                    f"{value}/s exceeds the cap of {cap}/s for {subject}",
+                    {"limit": "spend_rate", "scope": scope, "value": value, "cap": cap},
+                )
+        if limits.daily_cap_ucredits is not None and cost_ucredits > limits.daily_cap_ucredits:
+            value, cap = format_credits(cost_ucredits), format_credits(limits.daily_cap_ucredits)
+            return LimitExceeded(
+                "daily_cap",
+                f"{value} credits exceed the daily cap of {cap} for {subject}",
+                {"limit": "daily_cap", "scope": scope, "value": value, "cap": cap},
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class CapOverrun:
+    """A daily cap that today's charges already exceed (scope 'user' or 'account')."""
+
+    scope: str
+    user: str | None
+    spent_ucredits: int
+    cap_ucredits: int
+
+
+def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: datetime) -> list[CapOverrun]:
+    """The account's daily cap and those of `users` that charges on `at`'s day exceed.
+
+    Reserve checks spent + held + new <= cap, and a provisional charge only moves credit
+    from held to spent, so in full mode a cap is crossed only by a run past its hold or
+    by a charge the bridge adds; in lease mode this is what refuses a renewal. Spent
+    counts running jobs' cost so far (`ledger.holds.accrual`), posted or not. One query
+    finds the caps; today's spend is summed only for scopes that have one.
+    """
+    wanted = set(users)
+    overruns: list[CapOverrun] = []
+    caps = s.execute(
+        select(limits_t.c.user, limits_t.c.daily_cap_ucredits).where(
+            limits_t.c.account_id == account_id, limits_t.c.daily_cap_ucredits.is_not(None)
+        )
+    ).all()
+    for user, cap in sorted(caps, key=lambda row: (row.user is not None, row.user or "")):
+        if user is not None and user not in wanted:
+            continue
+        spent = spent_on_day(s, account_id, user, at) + _running_today(s, account_id, user, at)
+        if spent > cap:
+            overruns.append(CapOverrun("user" if user else "account", user, spent, cap))
+    return overruns
+
+
+def _running_today(s: Session, account_id: int, user: str | None, at: datetime) -> int:
+    """Running jobs' unposted cost that took effect on `at`'s UTC day, up to `at`."""
+    from ledger.holds.accrual import accrued_between  # accrual reads holds, which import this module
+
+    start, end = day_bounds(at)
+    running = accrued_between(s, start, end, at, account_ids=[account_id])
+    return sum(amount for (_, owner), amount in running.items() if user is None or owner == user)
+
+
+def capped_accounts(s: Session) -> dict[str, int]:
+    """Accounts with a daily cap of their own or on a member (name -> id): the ones whose
+    running jobs the meter checks against their caps."""
+    query = (
+        select(accounts_t.c.name, accounts_t.c.id)
+        .join(limits_t, limits_t.c.account_id == accounts_t.c.id)
+        .where(limits_t.c.daily_cap_ucredits.is_not(None))
+    )
+    return {name: account_id for name, account_id in s.execute(query)}

@@ -1,0 +1,1 @@
+"""Pricing: prices, quotes, routing and job_submit's snapshot."""

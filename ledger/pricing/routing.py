@@ -1,0 +1,235 @@
+"""Routing a GPU job between on-premise and cloud partitions under a cost limit.
+
+A user may cap what one run of a job can cost (`--comment=gpucredit:max_cost=25`, or
+the account's default in `[routing.accounts.NAME]`) and may let gpucredit send it to
+the cloud (`cloud=yes`). job_submit then gives Slurm every partition the limit allows,
+on-premise first, and Slurm starts the job wherever it can start first (slurm.conf's
+PriorityTier prefers on-premise). This module holds the money rules of that choice; the
+daemon gathers the inputs (an `Estimate` per candidate partition) and job_submit/ words
+the answer (docs/routing.md).
+
+Partitions are tagged in the config (`[partitions.NAME] site = "onprem"|"cloud"`); an
+untagged partition counts as on-premise. Cloud prices are per-partition prices in the
+ledger (`gpucredit price set h100 5.40 --partition cloud`), never a multiplier applied
+here: a hold, a quote and the bridge then all read one versioned price.
+
+Each candidate partition gets the first verdict that matches:
+
+    site permitted?  one run <= limit?  no cap broken?  affordable?  verdict
+    no                                                                cloud_not_allowed
+    yes              no                                               over_limit
+    yes              yes                no                            over_cap
+    yes              yes                yes             no            over_credit
+    yes              yes                yes             yes           allowed
+
+A cloud partition is permitted when the job allows cloud or names its partitions itself
+(`-p` is the user's own choice). The job may run in the allowed partitions and is quoted
+at the dearest of them: its hold can be no more, wherever Slurm starts it. With none
+allowed it is refused for the verdict of the option that got furthest down the table's
+columns (a partition within the limit but beyond the credit makes it a refusal for
+credit), naming the cheapest option with that verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.errors import InvalidInput
+from ledger.money import parse_credits
+from ledger.pricing.quotes import Estimate
+
+__all__ = [
+    "ALLOWED",
+    "CLOUD",
+    "CLOUD_NOT_ALLOWED",
+    "ONPREM",
+    "OVER_CAP",
+    "OVER_CREDIT",
+    "OVER_LIMIT",
+    "CostLimit",
+    "PartitionOption",
+    "Route",
+    "RoutingConfig",
+    "candidate_partitions",
+    "route",
+]
+
+ONPREM = "onprem"
+CLOUD = "cloud"
+SITES = (ONPREM, CLOUD)
+
+ALLOWED = "allowed"
+CLOUD_NOT_ALLOWED = "cloud_not_allowed"
+OVER_LIMIT = "over_limit"
+OVER_CAP = "over_cap"
+OVER_CREDIT = "over_credit"
+_STAGES = (CLOUD_NOT_ALLOWED, OVER_LIMIT, OVER_CAP, OVER_CREDIT, ALLOWED)  # the table's order
+
+# Where a limit came from, for the message.
+FROM_JOB = "job"
+FROM_ACCOUNT = "account"
+
+
+@dataclass(frozen=True)
+class CostLimit:
+    """What a job may cost per run (None: no limit) and whether gpucredit may add cloud
+    partitions; `max_cost_from` says who set the limit (FROM_JOB or FROM_ACCOUNT)."""
+
+    max_cost_ucredits: int | None = None
+    allow_cloud: bool = False
+    max_cost_from: str = FROM_JOB
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """Partition sites and accounts' default limits, read once from the config."""
+
+    sites: Mapping[str, str]
+    account_defaults: Mapping[str, CostLimit]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RoutingConfig:
+        """`[partitions.NAME] site` and `[routing.accounts.NAME] max_cost, cloud`; a bad
+        value raises InvalidInput naming the key."""
+        sites: dict[str, str] = {}
+        for name, table in dict(config.get("partitions") or {}).items():
+            site = dict(table or {}).get("site", ONPREM)
+            if site not in SITES:
+                raise InvalidInput(
+                    f"partitions.{name}.site must be one of {', '.join(SITES)}, not {site!r}",
+                    code="invalid_config",
+                )
+            sites[str(name)] = site
+        defaults: dict[str, CostLimit] = {}
+        accounts = dict(dict(config.get("routing") or {}).get("accounts") or {})
+        for account, table in accounts.items():
+            table = dict(table or {})
+            max_cost = table.get("max_cost")
+            cloud = table.get("cloud", False)
+            if not isinstance(cloud, bool):
+                raise InvalidInput(
+                    f"routing.accounts.{account}.cloud must be true or false, not {cloud!r}",
+                    code="invalid_config",
+                )
+            defaults[str(account)] = CostLimit(
+                None
+                if max_cost is None
+                else parse_credits(max_cost, field=f"routing.accounts.{account}.max_cost"),
+                cloud,
+                FROM_ACCOUNT,
+            )
+        return cls(sites, defaults)
+
+    def site(self, partition: str | None) -> str:
+        return self.sites.get(partition or "", ONPREM)
+
+    def limit_for(self, account: str, max_cost: str | None, cloud: bool | None) -> CostLimit | None:
+        """The job's own `max_cost` (credits) and `cloud`, each else the account's default;
+        None when the job neither has a limit nor may go to the cloud (no routing)."""
+        default = self.account_defaults.get(account)
+        if default is None:
+            if max_cost is None and not cloud:  # every quote of a site without routing
+                return None
+            default = CostLimit(max_cost_from=FROM_ACCOUNT)
+        limit = CostLimit(
+            default.max_cost_ucredits if max_cost is None else parse_credits(max_cost, field="max_cost"),
+            default.allow_cloud if cloud is None else cloud,
+            default.max_cost_from if max_cost is None else FROM_JOB,
+        )
+        if limit.max_cost_ucredits is None and not limit.allow_cloud:
+            return None
+        return limit
+
+
+def candidate_partitions(
+    requested: Sequence[str], config: RoutingConfig, offered: Collection[str]
+) -> list[str | None]:
+    """The partitions a routed job is priced in: those it names (-p), else every tagged
+    partition Slurm offers it (`offered`, its part_list; empty: not known), else the
+    default partition (None)."""
+    if requested:
+        return list(dict.fromkeys(requested))
+    tagged = [name for name in config.sites if not offered or name in offered]
+    return sorted(tagged, key=lambda name: (SITES.index(config.site(name)), name)) or [None]
+
+
+@dataclass(frozen=True)
+class PartitionOption:
+    """One partition a job could run in (None: the default partition) and its estimate."""
+
+    partition: str | None
+    site: str
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class Route:
+    """The decision: every option with its verdict, on-premise first, then cheapest."""
+
+    limit: CostLimit
+    options: tuple[PartitionOption, ...]
+    verdicts: tuple[str, ...]
+
+    @property
+    def allowed(self) -> tuple[PartitionOption, ...]:
+        return tuple(o for o, v in zip(self.options, self.verdicts, strict=True) if v == ALLOWED)
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The allowed partitions, for job_desc.partition (empty: leave Slurm's default)."""
+        return tuple(o.partition for o in self.allowed if o.partition is not None)
+
+    @property
+    def quote(self) -> Estimate | None:
+        """The dearest allowed run: the most its hold can be, wherever it starts."""
+        allowed = self.allowed
+        return max((o.estimate for o in allowed), key=lambda e: e.cost_ucredits) if allowed else None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why no partition is allowed: the verdict that got furthest; None when one is."""
+        furthest = max(self.verdicts, key=_STAGES.index)
+        return None if furthest == ALLOWED else furthest
+
+    @property
+    def refused_at(self) -> PartitionOption | None:
+        """The cheapest option with the refusal's verdict: the figure a refusal names."""
+        refusal = self.refusal
+        if refusal is None:
+            return None
+        return min(
+            (o for o, v in zip(self.options, self.verdicts, strict=True) if v == refusal),
+            key=lambda o: o.estimate.cost_per_task_ucredits,
+        )
+
+    def verdict(self, option: PartitionOption) -> str:
+        return self.verdicts[self.options.index(option)]
+
+
+def route(options: Sequence[PartitionOption], *, limit: CostLimit, cloud_permitted: bool) -> Route:
+    """Give each option its verdict (see the module's table); `cloud_permitted` is the job's
+    permission for cloud partitions (it allows cloud, or named its partitions itself)."""
+    if not options:
+        raise ValueError("route() needs at least one partition option")
+    ordered = tuple(
+        sorted(
+            options,
+            key=lambda o: (SITES.index(o.site), o.estimate.cost_per_task_ucredits, o.partition or ""),
+        )
+    )
+    return Route(limit, ordered, tuple(_verdict(o, limit, cloud_permitted) for o in ordered))
+
+
+def _verdict(option: PartitionOption, limit: CostLimit, cloud_permitted: bool) -> str:
+    estimate = option.estimate
+    if option.site == CLOUD and not cloud_permitted:
+        return CLOUD_NOT_ALLOWED
+    if limit.max_cost_ucredits is not None and estimate.cost_per_task_ucredits > limit.max_cost_ucredits:
+        return OVER_LIMIT
+    if estimate.limit_breach is not None:
+        return OVER_CAP
+    if not estimate.affordable:
+        return OVER_CREDIT
+    return ALLOWED

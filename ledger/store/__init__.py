@@ -1,0 +1,1 @@
+"""The store: tables, engines and sessions, the schema and its migrations."""

@@ -1,0 +1,1 @@
+"""Read models: reports, history, efficiency and site-wide figures."""
