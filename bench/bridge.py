@@ -48,10 +48,10 @@ from accounting_bridge.sacct.reconcile import reconcile_runs
 from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from bench.goals import report
 from ledger import api
-from ledger.holds.create import holds_t
 from ledger.store.bulk import insert_rows
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.schema import upgrade
+from ledger.store.tables import holds_t
 
 GOAL_INGEST_PER_SECOND = 50_000
 MUST_INGEST_PER_SECOND = 25_000

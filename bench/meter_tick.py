@@ -59,12 +59,13 @@ from ledger.books.accounts import lock_account  # noqa: E402
 from ledger.books.grants import load_grants, save_grants, take_free  # noqa: E402
 from ledger.books.idempotency import request_hash  # noqa: E402
 from ledger.books.journal import EntryDraft, post_many  # noqa: E402
-from ledger.holds.create import DEFAULT_GRACE_SECONDS, allocations_t, holds_t  # noqa: E402
+from ledger.holds.request import DEFAULT_GRACE_SECONDS  # noqa: E402
 from ledger.money import charge_for  # noqa: E402
 from ledger.pricing.prices import format_gpus, rate_for  # noqa: E402
 from ledger.store.bulk import insert_rows  # noqa: E402
 from ledger.store.db import make_engine, make_sessionmaker  # noqa: E402
 from ledger.store.schema import upgrade  # noqa: E402
+from ledger.store.tables import allocations_t, holds_t  # noqa: E402
 
 ADMIN_URL = os.environ.get("GPUCREDIT_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)

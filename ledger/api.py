@@ -44,13 +44,13 @@ from ledger.books.accounts import (
     lock_account,
     lock_account_by_id,
     lock_accounts,
-    show_limits,
 )
+from ledger.books.audit import verify
 from ledger.books.balance import account_summary, balance
 from ledger.books.checkpoints import CHECKPOINT_EVERY, checkpoint_balances
 from ledger.books.credit_use import CreditUse, credit_use, parse_share
 from ledger.books.grants import DEFAULT_PRIORITY
-from ledger.books.journal import REVENUE, Leg, LockedAccount, entries_page, entries_t, post, verify
+from ledger.books.journal import REVENUE, Leg, LockedAccount, entries_page, post
 from ledger.books.payments import (
     cancel_payment,
     find_payment,
@@ -60,9 +60,8 @@ from ledger.books.payments import (
     set_external_id,
 )
 from ledger.errors import InvalidInput, NotFound
-from ledger.holds import create as _holds
 from ledger.holds.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
-from ledger.holds.adjustments import Adjustment, adjust_holds, adjust_holds_many
+from ledger.holds.adjustments import Adjustment, adjust_hold, adjust_holds, adjust_holds_many
 from ledger.holds.batch import (
     LockedBatch,
     active_holds_among,
@@ -73,29 +72,27 @@ from ledger.holds.batch import (
     settle_holds,
 )
 from ledger.holds.bounds import OutageBound, OutageConfig, current_outage_bound, outage_prices, parse_outage
-from ledger.holds.create import (
+from ledger.holds.create import create_hold, create_holds_together, hold_refusal
+from ledger.holds.expire import expire_holds
+from ledger.holds.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
+from ledger.holds.overruns import CapOverrun, capped_accounts, daily_cap_overruns
+from ledger.holds.request import DEFAULT_GRACE_SECONDS
+from ledger.holds.resolve import release_hold, settle_hold
+from ledger.holds.state import (
     ActiveRun,
     HoldState,
-    adjust_hold,
-    create_hold,
-    create_holds_together,
     find_active_hold,
     find_hold,
     find_job_holds,
     get_hold,
-    hold_refusal,
-    hold_usage,
-    hold_usage_many,
     holds_page,
     list_active_runs,
     list_holds,
-    record_unreserved_run,
-    release_hold,
-    settle_hold,
 )
-from ledger.holds.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
-from ledger.holds.unreserved import UnreservedRun, record_unreserved_runs
-from ledger.limits.rules import CapOverrun, capped_accounts, daily_cap_overruns
+from ledger.holds.unreserved import UnreservedRun, record_unreserved_run, record_unreserved_runs
+from ledger.holds.usage import hold_usage, hold_usage_many
+from ledger.limits import caps as _caps
+from ledger.limits.caps import show_limits
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.pricing.prices import (
     PriceTable,
@@ -118,6 +115,7 @@ from ledger.pricing.routing import (
 )
 from ledger.pricing.snapshot import Snapshot, SnapshotKeeper
 from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.tables import entries_t, holds_t
 from ledger.timeutil import format_time, parse_seconds, utcnow
 from ledger.views.charge_counter import ChargeCounter, ChargeTotals
 from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
@@ -476,7 +474,7 @@ def sweep(
     if first is not None:
         return first
     at = at or utcnow()
-    expired_holds = _holds.expire_holds(s, account, at)
+    expired_holds = expire_holds(s, account, at)
     acct = lock_account(s, account)
     expired = _grants.expire_grants(s, acct, at)
     paid = _grants.pay_debt(s, acct, at)
@@ -550,7 +548,7 @@ def set_limits(
         idempotency_key,
         "limits_set",
         request,
-        lambda: _accounts.set_limits(
+        lambda: _caps.set_limits(
             s, account, user=user, max_gpus=max_gpus, max_rate=max_rate, daily_cap=daily_cap, clear=clear
         ),
     )
@@ -568,7 +566,7 @@ def reserve(
     run: int = 0,
     partition: str | None = None,
     at: datetime | None = None,
-    grace_seconds: int = _holds.DEFAULT_GRACE_SECONDS,
+    grace_seconds: int = DEFAULT_GRACE_SECONDS,
     submitted_at: datetime | None = None,
     idempotency_key: str | None = None,
 ) -> dict[str, Any]:
@@ -669,7 +667,7 @@ def release(
 
 def _hold_scope(s: Session, hold_id: int) -> int:
     """Lock the account that owns the hold (the key's scope) and return its id."""
-    owner = select(_holds.holds_t.c.account_id).where(_holds.holds_t.c.id == hold_id).scalar_subquery()
+    owner = select(holds_t.c.account_id).where(holds_t.c.id == hold_id).scalar_subquery()
     account = lock_account_by_id(s, owner)
     if account is None:
         raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})

@@ -16,10 +16,9 @@ import pytest
 from sqlalchemy import select
 
 from ledger import api
-from ledger.books.grants import grants_t
 from ledger.errors import InvalidInput, NotFound
 from ledger.holds.adjustments import Adjustment, adjust_holds, adjust_holds_many
-from ledger.holds.create import holds_t
+from ledger.store.tables import grants_t, holds_t
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -19,7 +19,8 @@ from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.errors import InvalidInput
-from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report, gpu_usage_t, job_runs_t
+from ledger.store.tables import gpu_usage_t, job_runs_t
+from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 
 GiB = 2**30
 JOB_A = JobRunKey("lab", 100, 0)

@@ -16,9 +16,9 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
 from ledger import api
-from ledger.books.checkpoints import checkpoint_balances, checkpoints_t, scan_sums, sums_at
-from ledger.books.journal import accounts_t
+from ledger.books.checkpoints import checkpoint_balances, scan_sums, sums_at
 from ledger.errors import LedgerError
+from ledger.store.tables import accounts_t, checkpoints_t
 
 START = datetime(2026, 12, 1, 9, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, select
 
 from ledger import api
-from ledger.books.journal import entries_t
 from ledger.holds.accrual import seconds_run
 from ledger.money import charge_for
 from ledger.store.models import JobRun, table_of
+from ledger.store.tables import entries_t
 from ledger.timeutil import utcnow
 from slurmbox import run
 from tests.test_slurm_e2e import PRICES, Books, Cluster, sacct_runs, submit

@@ -28,12 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 # new cycle, or one that grew, fails. When a part removes a cycle, it deletes its entry:
 # an entry that matches no cycle any more fails too, so none outlives its cycle.
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"ledger.books.accounts", "ledger.books.checkpoints", "ledger.books.journal"}): (
-        "journal.verify closes it (the audit is not the journal): the ledger part"
-    ),
-    frozenset(
-        {"ledger.holds.accrual", "ledger.holds.create", "ledger.limits.rules"}
-    ): "the hold rules' home: the ledger part",
     frozenset(
         {"portal.payments.manual", "portal.payments.providers", "portal.payments.stripe_provider"}
     ): "the providers' registry: the portal part",

@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 
 from gpucredit.daemon import hook_service as service
 from ledger import api
-from ledger.books.journal import entries_t
 from ledger.errors import Conflict, NotFound
+from ledger.store.tables import entries_t
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 OLD_SUBMIT, NEW_SUBMIT = "2026-12-02T09:59:50Z", "2026-12-03T08:00:00Z"

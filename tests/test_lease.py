@@ -17,9 +17,9 @@ from accounting_bridge.meter.meter import Meter
 from accounting_bridge.slurm.records import SqueueJob, SqueueResult
 from accounting_bridge.slurm.slurmcmd import FakeRunner
 from ledger import api
-from ledger.books.journal import entries_t
 from ledger.errors import InvalidInput
 from ledger.money import charge_for, format_credits
+from ledger.store.tables import entries_t
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 RATE = 2_000_000

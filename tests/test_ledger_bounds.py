@@ -19,8 +19,6 @@ from sqlalchemy import insert, select
 
 from gpucredit.daemon.server import Daemon
 from ledger import api
-from ledger.books.grants import grants_t
-from ledger.books.journal import accounts_t
 from ledger.config import load_config
 from ledger.errors import InvalidInput
 from ledger.money import (
@@ -32,6 +30,7 @@ from ledger.money import (
     UCREDITS_CEILING,
 )
 from ledger.pricing.snapshot import take_snapshot
+from ledger.store.tables import accounts_t, grants_t
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 AT = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-import ledger.holds.create
+import ledger.holds.usage
 from accounting_bridge.meter.meter import CompactSqueue, Meter, cancel_argvs
 from accounting_bridge.slurm.records import ParseError, SqueueJob, SqueueResult, squeue_compact_argv
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from ledger import api
-from ledger.books.journal import REVENUE, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.errors import NotFound
 from ledger.money import charge_for, format_credits
+from ledger.store.tables import entries_t, postings_t
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 A100_RATE = 2_000_000  # µc per GPU-hour: 555.5… µc/s, so every tick rounds
@@ -315,13 +316,13 @@ def test_notify_mode_only_logs(tx, caplog: pytest.LogCaptureFixture) -> None:
 @pytest.fixture
 def lock_counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     counts: Counter[str] = Counter()
-    real = ledger.holds.create.lock_account
+    real = ledger.holds.usage.lock_account
 
     def counting(s: Any, name: str) -> Any:
         counts[name] += 1
         return real(s, name)
 
-    monkeypatch.setattr(ledger.holds.create, "lock_account", counting)
+    monkeypatch.setattr(ledger.holds.usage, "lock_account", counting)
     yield counts
 
 

@@ -23,7 +23,7 @@ def test_a_hold_from_before_0004_keeps_its_identity_on_sqlite(tmp_path) -> None:
     """Migration 0004 gives old holds the UNKNOWN_SUBMIT submit time, spelt as the ledger
     binds it: SQLite compares times as text, so a repeat of an old run must still find it
     (and its allocations survive the table rebuild)."""
-    from ledger.holds.create import find_hold
+    from ledger.holds.state import find_hold
     from ledger.store.db import make_sessionmaker
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")

@@ -37,10 +37,11 @@ from accounting_bridge.slurm.records import SacctRun, parse_parsable2
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from gpucredit.cli import _build
 from ledger import api, cli_support
-from ledger.books.journal import REVENUE, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.errors import Conflict, InvalidInput
 from ledger.store.db import make_sessionmaker
 from ledger.store.models import JobRun
+from ledger.store.tables import entries_t, postings_t
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 job_runs_t = JobRun.__table__

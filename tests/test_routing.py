@@ -20,9 +20,9 @@ from sqlalchemy import Engine
 from gpucredit.daemon import Daemon
 from job_submit import answer
 from ledger import api
-from ledger.books.accounts import Limits
 from ledger.config import load_config
 from ledger.errors import InvalidInput
+from ledger.limits.caps import Limits
 from ledger.money import format_credits, parse_credits
 from ledger.pricing.routing import CLOUD, ONPREM, CostLimit, PartitionOption, RoutingConfig, route
 from ledger.store.db import make_sessionmaker

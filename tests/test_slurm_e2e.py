@@ -33,11 +33,11 @@ from sqlalchemy import Engine, select
 from gpucredit.cli import _build
 from gpucredit.daemon import Daemon
 from ledger import api, cli_support
-from ledger.books.journal import entries_t
 from ledger.config import load_config
-from ledger.holds.create import HoldState, holds_t
+from ledger.holds.state import HoldState
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.tables import entries_t, holds_t
 from ledger.timeutil import parse_time, utcnow
 from slurmbox import SlurmBox, run
 

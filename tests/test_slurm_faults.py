@@ -36,11 +36,11 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from ledger import api, cli_support
-from ledger.books.journal import entries_t
-from ledger.holds.create import HoldState
+from ledger.holds.state import HoldState
 from ledger.money import charge_for, format_credits
 from ledger.store.db import make_engine
 from ledger.store.schema import upgrade
+from ledger.store.tables import entries_t
 from ledger.timeutil import parse_time, utcnow
 from slurmbox import SlurmBox, run
 from slurmbox.box import JOB_DIR

@@ -30,9 +30,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger import api
-from ledger.holds.create import holds_t
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.tables import holds_t
 from ledger.timeutil import parse_time
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from tests.fakedaemon import sockdir as sockdir

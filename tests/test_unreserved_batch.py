@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from ledger import api
 from ledger.errors import Conflict, InvalidInput, NotFound
-from ledger.holds.create import allocations_t, holds_t
+from ledger.store.tables import allocations_t, holds_t
 from tests.test_adjust_holds import picture
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

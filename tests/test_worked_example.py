@@ -59,7 +59,7 @@ def test_worked_example(tx) -> None:
         b = api.balance(s, "physics", T)
     assert (b["available"], b["held"]) == ("93.60", "26.40")
     with tx() as s:
-        from ledger.holds.create import _load_allocations
+        from ledger.holds.charges import load_allocations as _load_allocations
 
         earmarks = {g: a.earmarked_ucredits for g, a in _load_allocations(s, h2.id).items()}
     assert sorted(earmarks.values()) == [5_600_000, 6_400_000]

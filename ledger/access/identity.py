@@ -17,14 +17,10 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import check_name, members_t, read_account
-from ledger.books.journal import accounts_t
+from ledger.books.accounts import check_name, read_account
 from ledger.errors import InvalidInput, NotFound
-from ledger.store.models import ApiToken, PortalUser, table_of
+from ledger.store.tables import accounts_t, members_t, portal_users_t, tokens_t
 from ledger.timeutil import format_time, utcnow
-
-portal_users_t = table_of(PortalUser)
-tokens_t = table_of(ApiToken)
 
 MEMBER_ROLES = ("member", "manager")
 TOKEN_ROLES = ("user", "admin", "service")

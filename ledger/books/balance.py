@@ -16,12 +16,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ledger.books.checkpoints import sums_at
-from ledger.books.grants import grants_t, load_grants
-from ledger.books.journal import accounts_t
+from ledger.books.grants import load_grants
 from ledger.errors import NotFound
-from ledger.holds.create import holds_t
 from ledger.money import format_credits
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import accounts_t, grants_t, holds_t
 from ledger.timeutil import format_time, utcnow
 
 

@@ -43,13 +43,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.books.accounts import lock_account
-from ledger.books.journal import entries_t, postings_t
 from ledger.money import format_credits
 from ledger.store.bulk import insert_rows
-from ledger.store.models import BalanceCheckpoint, table_of
+from ledger.store.tables import checkpoints_t, entries_t, postings_t
 from ledger.timeutil import format_time, utcnow
-
-checkpoints_t = table_of(BalanceCheckpoint)
 
 # A checkpoint is taken this long before now: late entries seldom precede it.
 CHECKPOINT_LAG = timedelta(hours=1)

@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 
 from ledger.books.accounts import read_account
 from ledger.books.balance import available_credit
-from ledger.books.grants import grants_t
 from ledger.errors import InvalidInput
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import grants_t
 from ledger.timeutil import utcnow
 
 __all__ = ["DEFAULT_WARN_AT_USED_SHARE", "CreditUse", "credit_in_force", "credit_use", "parse_share"]

@@ -19,11 +19,10 @@ from ledger.books import idempotency
 from ledger.books.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
 from ledger.errors import InsufficientCredits, InvalidInput
 from ledger.money import MAX_ACCOUNT_UCREDITS, MAX_UCREDITS, format_credits
-from ledger.store.models import Grant, table_of
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import grants_t
 from ledger.timeutil import format_time, utcnow
 
-grants_t = table_of(Grant)
 DEFAULT_PRIORITY = 10
 SOURCES = {"topup": PAYMENTS, "grant": PROMOTIONS, "refund": REVENUE}
 

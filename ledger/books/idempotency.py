@@ -26,10 +26,9 @@ from sqlalchemy.orm import Session
 from ledger.books.journal import SYSTEM_IDS
 from ledger.errors import IdempotencyConflict, InvalidInput
 from ledger.store.db import is_postgres
-from ledger.store.models import IdempotencyKey, table_of
+from ledger.store.tables import idempotency_keys_t
 from ledger.timeutil import utcnow
 
-keys_t = table_of(IdempotencyKey)
 MAX_KEY_LENGTH = 256
 GLOBAL_SCOPE = SYSTEM_IDS["system:revenue"]
 
@@ -56,9 +55,9 @@ def replay(
     if account_id == GLOBAL_SCOPE and is_postgres(s):
         s.execute(select(func.pg_advisory_xact_lock(_advisory_id(key))))
     row = s.execute(
-        select(keys_t.c.operation, keys_t.c.request_hash, keys_t.c.result).where(
-            keys_t.c.account_id == account_id, keys_t.c.key == key
-        )
+        select(
+            idempotency_keys_t.c.operation, idempotency_keys_t.c.request_hash, idempotency_keys_t.c.result
+        ).where(idempotency_keys_t.c.account_id == account_id, idempotency_keys_t.c.key == key)
     ).first()
     if row is None:
         return None
@@ -77,7 +76,7 @@ def remember(
     if key is None:
         return
     s.execute(
-        insert(keys_t).values(
+        insert(idempotency_keys_t).values(
             account_id=account_id,
             key=key,
             operation=operation,

@@ -17,14 +17,11 @@ from sqlalchemy.orm import Session
 from ledger.books import grants as _grants
 from ledger.books import idempotency
 from ledger.books.accounts import lock_account, lock_account_by_id
-from ledger.books.journal import accounts_t
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.money import format_credits
-from ledger.store.models import Payment, PaymentEvent, table_of
+from ledger.store.tables import accounts_t, payment_events_t, payments_t
 from ledger.timeutil import format_time, utcnow
 
-payments_t = table_of(Payment)
-events_t = table_of(PaymentEvent)
 PROVIDERS = ("manual", "stripe")
 # The most one payment may buy: a typo of three zeros should not need a refund.
 MAX_PAYMENT_UCREDITS = 10**6 * 10**6
@@ -137,12 +134,14 @@ def _first_time(s: Session, provider: str, event_id: str | None, kind: str, paym
     if event_id is None:
         return True
     seen = s.execute(
-        select(events_t.c.id).where(events_t.c.provider == provider, events_t.c.event_id == event_id)
+        select(payment_events_t.c.id).where(
+            payment_events_t.c.provider == provider, payment_events_t.c.event_id == event_id
+        )
     ).first()
     if seen is not None:
         return False
     s.execute(
-        insert(events_t).values(
+        insert(payment_events_t).values(
             provider=provider, event_id=event_id, kind=kind, payment_id=payment_id, received_at=utcnow()
         )
     )

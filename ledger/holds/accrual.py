@@ -32,9 +32,9 @@ from math import ceil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ledger.books.journal import accounts_t
-from ledger.holds.create import HoldState, holds_t
+from ledger.holds.state import HoldState
 from ledger.money import charge_for
+from ledger.store.tables import accounts_t, holds_t
 from ledger.timeutil import as_utc, day_bounds
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Many runs' charge corrections for one account under one lock (the sacct bridge's batches).
+"""Corrections of a run's charge: one run (`adjust_hold`), or many runs of one account
+under one lock (`adjust_holds`, the sacct bridge's batches).
 
 The bridge corrects a run's charge to Slurm's record with `adjust_hold`: a lock, six
 reads and six writes per run. `adjust_holds` does what calling `adjust_hold` on each
@@ -7,7 +8,7 @@ debt and refund grants, in the same order -- but locks the account once and read
 writes the holds, their allocations and grants, and the journal in a handful of
 batched statements. One transaction still touches one customer account (docs/design.md §4.11).
 
-The money rules are holds.py's own (`_draw`, `_refund`): burn order, debt, what a
+The money rules are ledger.holds.charges' own (`draw`, `refund`): burn order, debt, what a
 refund gives back first. Only the batching is here.
 """
 
@@ -22,21 +23,14 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from ledger.books.accounts import lock_account, lock_accounts, no_account
-from ledger.books.grants import GrantState, create_grant, grants_by_account, grants_t, save_grants
-from ledger.books.journal import EntryDraft, Leg, LockedAccount, entries_t, post_batch
+from ledger.books.grants import GrantState, create_grant, grants_by_account, save_grants
+from ledger.books.journal import EntryDraft, Leg, LockedAccount, post_batch
 from ledger.errors import InvalidInput, NotFound
-from ledger.holds.create import (
-    Allocation,
-    HoldState,
-    _draw,
-    _hold_query,
-    _refund,
-    _save_allocations_many,
-    _to_state,
-    allocations_t,
-    holds_t,
-)
+from ledger.holds.charges import Allocation, apply_charge, draw, refund, save_allocations_many
+from ledger.holds.state import HoldState, hold_query, lock_hold, to_state
 from ledger.store.bulk import update_rows
+from ledger.store.tables import allocations_t, entries_t, grants_t, holds_t
+from ledger.timeutil import utcnow
 
 __all__ = [
     "MAX_ADJUSTMENTS_PER_CALL",
@@ -94,7 +88,7 @@ def adjust_holds_many(
         if missing:
             raise no_account(missing[0])
     ids = [a.hold_id for name in named for a in adjustments[name]]
-    holds = {hold.id: hold for hold in map(_to_state, s.execute(_hold_query().where(holds_t.c.id.in_(ids))))}
+    holds = {hold.id: hold for hold in map(to_state, s.execute(hold_query().where(holds_t.c.id.in_(ids))))}
     for name in named:
         account = locked[name]
         foreign = sorted(
@@ -115,7 +109,7 @@ def adjust_holds_many(
     if due:
         due_ids = [a.hold_id for rest in due.values() for a in rest]
         links = _resolving_entries(s, due_ids)
-        allocations = _load_allocations(s, due_ids)
+        allocations = load_allocations(s, due_ids)
         while due:
             due = _apply_segments(s, locked, holds, due, links, allocations)
     return {name: [holds[a.hold_id] for a in adjustments[name]] for name in adjustments}
@@ -147,7 +141,7 @@ def _resolving_entries(s: Session, hold_ids: Sequence[int]) -> dict[int, int]:
     return {hold_id: entry_id for hold_id, entry_id in s.execute(query)}
 
 
-def _load_allocations(s: Session, hold_ids: Sequence[int]) -> dict[int, dict[int, Allocation]]:
+def load_allocations(s: Session, hold_ids: Sequence[int]) -> dict[int, dict[int, Allocation]]:
     found: dict[int, dict[int, Allocation]] = {hold_id: {} for hold_id in hold_ids}
     for row in s.execute(select(allocations_t).where(allocations_t.c.hold_id.in_(hold_ids))):
         found[row.hold_id][row.grant_id] = Allocation(
@@ -211,7 +205,7 @@ def _apply_segments(
             rest[name] = left
     post_batch(s, batch)
     save_grants(s, every_grant)
-    _save_allocations_many(s, {hold.id: allocations[hold.id] for hold in done})
+    save_allocations_many(s, {hold.id: allocations[hold.id] for hold in done})
     update_rows(
         s,
         holds_t,
@@ -236,7 +230,7 @@ def _segment(
 ) -> tuple[list[EntryDraft], list[HoldState], int, list[Adjustment]]:
     """One account's adjustments in memory, up to the first that leaves an unplaced
     refund: its entries, the holds done, that refund, and the adjustments left."""
-    # _refund repays debt first, up to the account's debt as the entries so far leave it.
+    # refund repays debt first, up to the account's debt as the entries so far leave it.
     running = dataclasses.replace(account)
     drafts: list[EntryDraft] = []
     done: list[HoldState] = []
@@ -246,9 +240,9 @@ def _segment(
         legs: list[Leg] = []
         unplaced = 0
         if delta > 0:
-            _draw(running, hold, grants, allocations[hold.id], delta, adjustment.at, legs)
+            draw(running, hold, grants, allocations[hold.id], delta, adjustment.at, legs)
         else:
-            unplaced = _refund(running, hold, grants, allocations[hold.id], -delta, legs)
+            unplaced = refund(running, hold, grants, allocations[hold.id], -delta, legs)
         running.debt_ucredits -= sum(leg.amount_ucredits for leg in legs if leg.bucket == "debt")
         memo: dict[str, Any] = {"job": f"{hold.cluster}/{hold.job_id}/{hold.run}", "charge": delta}
         if adjustment.reason:
@@ -269,3 +263,39 @@ def _segment(
         if unplaced:
             return drafts, done, unplaced, due[position + 1 :]
     return drafts, done, 0, []
+
+
+def adjust_hold(
+    s: Session,
+    hold_id: int,
+    target_ucredits: int,
+    *,
+    at: datetime | None = None,
+    reason: str = "",
+    links_entry_id: int | None = None,
+) -> HoldState:
+    """Correct a run's total charge (the bridge's reconciliation); links to the hold's charge."""
+    if target_ucredits < 0:
+        raise InvalidInput("a run's charge cannot be negative", code="invalid_amount")
+    account, hold = lock_hold(s, hold_id)
+    if target_ucredits == hold.charged_ucredits:
+        return hold
+    if links_entry_id is None:
+        links_entry_id = s.execute(
+            select(entries_t.c.id)
+            .where(entries_t.c.hold_id == hold_id, entries_t.c.kind.in_(("settle", "release", "expire")))
+            .order_by(entries_t.c.id.desc())
+            .limit(1)
+        ).scalar()
+    return apply_charge(
+        s,
+        account,
+        hold,
+        kind="adjust",
+        at=at or utcnow(),
+        target_ucredits=target_ucredits,
+        seconds=None,
+        new_state=None,
+        links_entry_id=links_entry_id,
+        memo={"reason": reason} if reason else None,
+    )

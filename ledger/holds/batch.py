@@ -1,7 +1,7 @@
 """Many holds, or many settles, in a handful of statements: the daemon's group commit.
 
 `create_holds` and `settle_holds` follow exactly the rules of `create_hold` and
-`settle_hold` (they call the same helpers of ledger.holds.create: the request's checks and
+`settle_hold` (they call the same helpers of ledger.holds: the request's checks and
 digest, the burn order, the earmark, the charge and the release), but read every
 account, hold, grant and price a batch needs in one query each and write the batch's
 holds, entries, postings, allocations, grants and account heads in one statement each.
@@ -24,34 +24,27 @@ from typing import Any
 from sqlalchemy import Integer, or_, select, text
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import accounts_t, limits_t, lock_accounts, lock_query, no_account
-from ledger.books.grants import GrantState, grants_by_account, grants_t
+from ledger.books.accounts import lock_accounts, lock_query, no_account
+from ledger.books.grants import GrantState, grants_by_account
 from ledger.books.journal import EntryDraft, LockedAccount, post_batch
 from ledger.errors import LedgerError
+from ledger.holds.charges import Allocation, plan_charge, save_allocations_many
 from ledger.holds.create import (
-    Allocation,
-    HoldState,
-    _charge,
-    _earmarks,
-    _hold_amount,
-    _hold_fields,
-    _hold_memo,
-    _hold_query,
-    _hold_request,
-    _HoldRequest,
-    _reserve,
-    _run_conflict,
-    _save_allocations_many,
-    _settlement,
-    _submit_time,
-    _to_state,
-    allocations_t,
-    holds_t,
+    earmark,
+    earmark_rows,
+    hold_amount,
+    hold_fields,
+    hold_memo,
+    run_conflict,
 )
+from ledger.holds.request import HoldRequest, hold_request, submit_time
+from ledger.holds.resolve import settlement_of
+from ledger.holds.state import HoldState, hold_query, to_state
 from ledger.pricing.prices import price_rows_query, price_table
 from ledger.store.bulk import among as bulk_among
 from ledger.store.bulk import among_pairs, deferred_writes, insert_rows, pair_params, select_many, update_rows
 from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.tables import accounts_t, allocations_t, grants_t, holds_t, limits_t
 from ledger.timeutil import parse_seconds
 
 Outcome = HoldState | LedgerError | None
@@ -140,7 +133,7 @@ def apply_holds_and_settles(
         i, seconds, at = wanted[hold.id]
         if hold.state != "active" or hold.account_id not in accounts:
             continue  # a repeat replays, a resolved hold conflicts: settle_hold says which
-        settlement = _settlement(hold, seconds, at)
+        settlement = settlement_of(hold, seconds, at)
         if settlement["target_ucredits"] < hold.charged_ucredits:
             continue  # a refund may become a refund grant: settle_hold does it
         charges.append((i, hold, settlement))
@@ -189,14 +182,14 @@ def apply_holds_and_settles(
     resolved: list[dict[str, Any]] = []
     for i, hold, settlement in charges:
         account = accounts[hold.account_id]
-        draft, values, _unplaced = _charge(
+        draft, values, _unplaced = plan_charge(
             account, hold, grants.setdefault(account.id, []), allocations[hold.id], **settlement
         )
         drafts.setdefault(account.id, (account, []))[1].append(draft)
         resolved.append({"id": hold.id, **values})
         settled[i] = dataclasses.replace(hold, **values)
 
-    planned: list[tuple[int, _HoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
+    planned: list[tuple[int, HoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
     for i, req in checked.items():
         account = by_name[req.account]
         if account.id in capped:
@@ -206,17 +199,17 @@ def apply_holds_and_settles(
             if found is not None:
                 held, digest = found
                 if digest != req.digest:
-                    raise _run_conflict(held)
+                    raise run_conflict(held)
                 created[i] = held
                 continue
             assert prices is not None
             rate, unit_prices = prices.rate_for(req.gpus, req.partition, req.at)
-            amount = _hold_amount(req, rate)
-            legs = _reserve(grants.setdefault(account.id, []), account, req, amount)
+            amount = hold_amount(req, rate)
+            legs = earmark(grants.setdefault(account.id, []), account, req, amount)
         except LedgerError as error:
             created[i] = error
             continue
-        planned.append((i, req, account, _hold_fields(req, rate, unit_prices, amount), legs))
+        planned.append((i, req, account, hold_fields(req, rate, unit_prices, amount), legs))
     with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
         ids = [row.id for row in fetched["hold_ids"]] if "hold_ids" in fetched else None
         _write(s, drafts, planned, ids, allocations, grants, resolved, created)
@@ -226,7 +219,7 @@ def apply_holds_and_settles(
 def _write(
     s: Session,
     drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]],
-    planned: list[tuple[int, _HoldRequest, LockedAccount, dict[str, Any], list[Any]]],
+    planned: list[tuple[int, HoldRequest, LockedAccount, dict[str, Any], list[Any]]],
     ids: list[int] | None,
     allocations: dict[int, dict[int, Allocation]],
     grants: dict[int, list[GrantState]],
@@ -261,9 +254,9 @@ def _write(
         for i, req, account, fields, legs in planned:
             hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
             drafts.setdefault(account.id, (account, []))[1].append(
-                EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=_hold_memo(req))
+                EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=hold_memo(req))
             )
-            new_allocations.extend(_earmarks(hold_id, legs))
+            new_allocations.extend(earmark_rows(hold_id, legs))
             created[i] = HoldState(
                 id=hold_id,
                 account=account.name,
@@ -276,7 +269,7 @@ def _write(
                 **fields,
             )
     post_batch(s, list(drafts.values()), ids=False)
-    _save_allocations_many(s, allocations, new_allocations)
+    save_allocations_many(s, allocations, new_allocations)
     _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
     update_rows(s, holds_t, ("id",), resolved)
 
@@ -300,14 +293,14 @@ def _settle_requests(
 
 def _hold_requests(
     holds: Sequence[tuple[str, dict[str, Any]]], outcomes: list[Outcome]
-) -> dict[int, _HoldRequest]:
+) -> dict[int, HoldRequest]:
     """The holds checked and normalised, by index; a run's second request in the batch is
     left to create_hold, which replays or refuses it after the first."""
-    checked: dict[int, _HoldRequest] = {}
+    checked: dict[int, HoldRequest] = {}
     runs: set[tuple[str, int, int]] = set()
     for i, (account_name, arguments) in enumerate(holds):
         try:
-            req = _hold_request(account_name, **arguments)
+            req = hold_request(account_name, **arguments)
         except LedgerError as error:
             outcomes[i] = error
             continue
@@ -323,7 +316,7 @@ def _hold_requests(
 def _read_holds(s: Session, wanted: dict[int, Any]) -> list[HoldState]:
     if not wanted:
         return []
-    return [_to_state(row) for row in s.execute(_hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
+    return [to_state(row) for row in s.execute(hold_query().where(holds_t.c.id.in_(sorted(wanted))))]
 
 
 @dataclasses.dataclass
@@ -382,7 +375,7 @@ def lock_batch(
     fetched = dict(zip([name for name, _, _ in reads], select_many(s, [r[1:] for r in reads]), strict=True))
     return LockedBatch(
         {row.id: LockedAccount(*row) for row in fetched.pop("locked")},
-        [_to_state(row) for row in fetched.pop("holds")],
+        [to_state(row) for row in fetched.pop("holds")],
         fetched,
     )
 
@@ -395,7 +388,7 @@ def find_active_holds(
         return []
     postgres = s.get_bind().dialect.name == "postgresql"
     params = pair_params("runs", [(cluster, job_id) for cluster, job_id, _ in attempts], postgres)
-    return active_holds_among([_to_state(row) for row in s.execute(_queries(s).jobs, params)], attempts)
+    return active_holds_among([to_state(row) for row in s.execute(_queries(s).jobs, params)], attempts)
 
 
 def active_holds_among(
@@ -409,7 +402,7 @@ def active_holds_among(
             newest.setdefault((hold.cluster, hold.job_id), []).append(hold)
     found: list[HoldState | None] = []
     for cluster, job_id, submitted_at in attempts:
-        wanted = None if submitted_at is None else (_submit_time(submitted_at), UNKNOWN_SUBMIT)
+        wanted = None if submitted_at is None else (submit_time(submitted_at), UNKNOWN_SUBMIT)
         found.append(
             next(
                 (h for h in newest.get((cluster, job_id), []) if wanted is None or h.submitted_at in wanted),
@@ -432,7 +425,7 @@ class _Queries:
         self.limits = select(limits_t.c.account_id).where(among(limits_t.c.account_id, "accounts")).distinct()
         # Every hold of some jobs (the unique index), whatever their state; and their accounts.
         of_jobs = among_pairs(holds_t.c.cluster, holds_t.c.job_id, "runs", postgres)
-        self.jobs = _hold_query().where(of_jobs)
+        self.jobs = hold_query().where(of_jobs)
         self.owners = select(holds_t.c.account_id).where(of_jobs)
         self.runs = self.jobs.add_columns(holds_t.c.request_hash.label("_digest"))
         self.prices = price_rows_query()

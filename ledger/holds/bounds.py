@@ -342,7 +342,7 @@ def current_outage_bound(
     """The bound for an outage starting `now`, from the configuration, the ledger's
     accounts and its active holds (the runs running now)."""
     from ledger.books.accounts import account_names
-    from ledger.holds.create import list_holds
+    from ledger.holds.state import list_holds
 
     settings = OutageConfig.from_config(config)
     running = [

@@ -30,9 +30,11 @@ from ledger.books.accounts import lock_account
 from ledger.books.grants import available_now, load_grants, save_grants, take_free
 from ledger.books.journal import EntryDraft, Leg, post_many
 from ledger.errors import InvalidInput, LimitExceeded
-from ledger.holds.create import HoldState, _hold_query, _to_state, allocations_t, holds_t, lease_window
+from ledger.holds.request import lease_window
+from ledger.holds.state import HoldState, hold_query, to_state
 from ledger.limits.rules import check_limits
 from ledger.money import charge_for, format_credits
+from ledger.store.tables import allocations_t, holds_t
 
 __all__ = [
     "Renewal",
@@ -117,9 +119,9 @@ def renew_leases(
     if not wanted:
         return []
     holds = [
-        _to_state(row)
+        to_state(row)
         for row in s.execute(
-            _hold_query().where(
+            hold_query().where(
                 holds_t.c.account_id == account.id,
                 holds_t.c.state == "active",
                 holds_t.c.id.in_(sorted(wanted)),

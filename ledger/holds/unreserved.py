@@ -1,4 +1,5 @@
-"""Many unreserved runs (hook outages) charged in one transaction (the sacct bridge's batches).
+"""Runs no hook reserved (hook outages), charged once: one (`record_unreserved_run`), or
+many in one transaction (`record_unreserved_runs`, the sacct bridge's batches).
 
 `record_unreserved_run` locks the account, looks the attempt up, reads prices, inserts
 the hold, reads grants, posts the settle entry and writes grants, allocations and the
@@ -8,7 +9,8 @@ remainders, allocations and debt, each account's entries in the order given -- i
 handful of statements for the whole batch. The accounts are locked in one statement
 in id order, as the daemon's group commit locks its batches.
 
-The money rules are holds.py's own (`_charge`: burn order, debt); only the batching is here.
+The money rules are ledger.holds.charges' own (`plan_charge`: burn order, debt); only the
+batching is here.
 """
 
 from __future__ import annotations
@@ -19,26 +21,20 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import check_name, lock_accounts, no_account
+from ledger.books.accounts import check_name, lock_account, lock_accounts, no_account
 from ledger.books.grants import save_grants
 from ledger.books.idempotency import request_hash
 from ledger.books.journal import EntryDraft, LockedAccount, post_batch
 from ledger.errors import Conflict, InvalidInput
 from ledger.holds.adjustments import grants_of_accounts
-from ledger.holds.create import (
-    Allocation,
-    HoldState,
-    _charge,
-    _check_job,
-    _hold_query,
-    _run_conflict,
-    _submit_time,
-    allocations_t,
-    holds_t,
-)
+from ledger.holds.charges import Allocation, apply_charge, plan_charge
+from ledger.holds.create import new_hold, run_conflict, same_run
+from ledger.holds.request import check_job, submit_time
+from ledger.holds.state import HoldState, hold_query
 from ledger.money import charge_for
-from ledger.pricing.prices import format_gpus, load_price_table, parse_gpus
+from ledger.pricing.prices import format_gpus, load_price_table, parse_gpus, rate_for
 from ledger.store.bulk import insert_rows, update_rows
+from ledger.store.tables import allocations_t, holds_t
 from ledger.timeutil import format_time, parse_seconds
 
 __all__ = ["MAX_UNRESERVED_PER_CALL", "UnreservedRun", "record_unreserved_runs"]
@@ -79,8 +75,8 @@ def _check(run: UnreservedRun) -> _Checked:
     check_name(run.user, "user")
     gpus = parse_gpus(run.gpus)
     elapsed = parse_seconds(run.elapsed_seconds, field="elapsed")
-    _check_job(run.job_id, run.run)
-    submitted_at = _submit_time(run.submitted_at)
+    check_job(run.job_id, run.run)
+    submitted_at = submit_time(run.submitted_at)
     if run.started_at.tzinfo is None:
         raise InvalidInput("the run's start must carry a time zone", code="invalid_time")
     body = {
@@ -125,7 +121,7 @@ def record_unreserved_runs(s: Session, runs: Sequence[UnreservedRun]) -> list[Ho
         if existing is not None:
             hold, digest = existing
             if digest != c.digest:
-                raise _run_conflict(hold)
+                raise run_conflict(hold)
             results.append(hold)
             continue
         if c.key in created:  # a repeat of a run earlier in this call
@@ -176,7 +172,7 @@ def _existing(s: Session, checked: Sequence[_Checked]) -> dict[tuple[str, int, i
     """The attempts' holds already there, with their request digests (one query)."""
     wanted = {c.key for c in checked}
     query = (
-        _hold_query()
+        hold_query()
         .add_columns(holds_t.c.request_hash)
         .where(holds_t.c.job_id.in_(sorted({c.run.job_id for c in checked})))
     )
@@ -211,8 +207,8 @@ def _insert_and_settle(
         account = locked[run.account]
         hold = HoldState(id=ids[(run.cluster, run.job_id, run.run)].pop(0), account=run.account, **values)
         ended_at = run.started_at + timedelta(seconds=c.elapsed)
-        allocations: dict[int, Allocation] = {}  # a new hold has none; _draw adds them
-        draft, changed, unplaced = _charge(
+        allocations: dict[int, Allocation] = {}  # a new hold has none; draw adds them
+        draft, changed, unplaced = plan_charge(
             account,
             hold,
             grants[account.id],
@@ -258,3 +254,81 @@ def _insert_and_settle(
         ],
     )
     return holds
+
+
+def record_unreserved_run(
+    s: Session,
+    account_name: str,
+    *,
+    user: str,
+    cluster: str,
+    job_id: int,
+    run: int,
+    gpus: str | dict[str, int],
+    started_at: datetime,
+    elapsed_seconds: int | str,
+    partition: str | None = None,
+    submitted_at: datetime | None = None,
+) -> HoldState:
+    """Charge a run that no hook reserved (a hook outage), once.
+
+    The GPU time was really used, so there are no limits and no credit check: it is
+    charged at the prices in force at its start and may leave debt. It is recorded as
+    a hold created already settled (one 'settle' entry, effective at the run's end),
+    so a later correction goes through `adjust_hold` like any other run's.
+    Idempotent on the attempt: a repeat returns the hold; a repeat with other fields,
+    or an attempt the hooks already hold, is an `idempotency_conflict`.
+    """
+    check_name(user, "user")
+    gpu_map = parse_gpus(gpus)
+    elapsed = parse_seconds(elapsed_seconds, field="elapsed")
+    check_job(job_id, run)
+    submitted_at = submit_time(submitted_at)
+    if started_at.tzinfo is None:
+        raise InvalidInput("the run's start must carry a time zone", code="invalid_time")
+    account = lock_account(s, account_name)
+    body = {
+        "account": account_name,
+        "user": user,
+        "gpus": format_gpus(gpu_map),
+        "started_at": format_time(started_at),
+        "elapsed": elapsed,
+        "partition": partition,
+    }
+    digest = request_hash("unreserved", body)
+    existing = same_run(s, cluster, job_id, run, submitted_at, digest)
+    if existing is not None:
+        return existing
+    rate, unit_prices = rate_for(s, gpu_map, partition, started_at)
+    amount = charge_for(rate, elapsed)
+    ended_at = started_at + timedelta(seconds=elapsed)
+    hold = new_hold(
+        s,
+        account,
+        digest,
+        user=user,
+        cluster=cluster,
+        job_id=job_id,
+        run=run,
+        submitted_at=submitted_at,
+        partition=partition,
+        gpus=format_gpus(gpu_map),
+        gpu_count=sum(gpu_map.values()),
+        unit_prices=format_gpus(unit_prices),
+        rate_ucredits_per_hour=rate,
+        limit_seconds=elapsed,
+        amount_ucredits=amount,
+        started_at=started_at,
+        expires_at=ended_at,  # active only until `apply_charge` below settles it
+    )
+    return apply_charge(
+        s,
+        account,
+        hold,
+        kind="settle",
+        at=ended_at,
+        target_ucredits=amount,
+        seconds=elapsed,
+        new_state="settled",
+        memo={"unreserved": True},
+    )

@@ -25,7 +25,8 @@ from sqlalchemy import BigInteger, String, bindparam, case, cast, func, literal_
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from ledger.jobs.jobruns import _job_id_ranges, _plain_rows, job_runs_t
+from ledger.jobs.jobruns import _job_id_ranges, _plain_rows
+from ledger.store.tables import job_runs_t
 
 __all__ = ["StoredRecords", "record_text", "stored_records_in_turn"]
 

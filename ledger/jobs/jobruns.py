@@ -29,9 +29,9 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ledger.holds.create import holds_t
 from ledger.pricing.prices import format_gpus, parse_pairs
-from ledger.store.models import UNKNOWN_SUBMIT, Cursor, JobRun, table_of
+from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.tables import cursors_t, holds_t, job_runs_t
 from ledger.timeutil import aware_utc, format_time, naive_utc, parse_time
 
 __all__ = [
@@ -54,8 +54,6 @@ __all__ = [
     "write_cursor",
 ]
 
-job_runs_t = table_of(JobRun)
-cursors_t = table_of(Cursor)
 
 AttemptKey = tuple[str, int, int, datetime]  # (cluster, job_id, run, submitted_at)
 JobKey = tuple[str, int]  # (cluster, job_id): every incarnation and attempt under one id

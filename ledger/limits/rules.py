@@ -1,31 +1,30 @@
-"""Limits checked when a hold is taken, and the daily caps the meter watches.
+"""The limit rules: what a new hold must pass, and what job_submit tells before it.
 
 Concurrent GPUs (user, account), spend rate (sum of active burn rates + the new one
 <= cap) and daily spend (spent today + held + the new hold <= cap). A refusal is a
 `LimitExceeded` naming the limit, the current value and the cap; its details carry
 `"alone": True` when the job breaks the cap on its own, whatever else runs, so that
 it can never start under that cap (the prolog says so, and the daemon never
-releases it: docs/design.md §4.12).
+releases it: docs/design.md §4.12). The caps themselves are ledger.limits.caps; the
+daily caps that running jobs cross, which the meter watches, ledger.holds.overruns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import Limits, limits_of, limits_t
-from ledger.books.journal import REVENUE, LockedAccount, accounts_t, entries_t, postings_t
+from ledger.books.journal import REVENUE, LockedAccount
 from ledger.errors import LimitExceeded
+from ledger.limits.caps import Limits, limits_of
 from ledger.money import format_credits, format_rate
-from ledger.store.models import Hold, table_of
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import entries_t, holds_t, limits_t, postings_t
 from ledger.timeutil import day_bounds
-
-holds_t = table_of(Hold)
 
 
 def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
@@ -253,58 +252,3 @@ def static_limit_breach(
                 {"limit": "daily_cap", "scope": scope, "value": value, "cap": cap},
             )
     return None
-
-
-@dataclass(frozen=True)
-class CapOverrun:
-    """A daily cap that today's charges already exceed (scope 'user' or 'account')."""
-
-    scope: str
-    user: str | None
-    spent_ucredits: int
-    cap_ucredits: int
-
-
-def daily_cap_overruns(s: Session, account_id: int, users: Iterable[str], at: datetime) -> list[CapOverrun]:
-    """The account's daily cap and those of `users` that charges on `at`'s day exceed.
-
-    Reserve checks spent + held + new <= cap, and a provisional charge only moves credit
-    from held to spent, so in full mode a cap is crossed only by a run past its hold or
-    by a charge the bridge adds; in lease mode this is what refuses a renewal. Spent
-    counts running jobs' cost so far (`ledger.holds.accrual`), posted or not. One query
-    finds the caps; today's spend is summed only for scopes that have one.
-    """
-    wanted = set(users)
-    overruns: list[CapOverrun] = []
-    caps = s.execute(
-        select(limits_t.c.user, limits_t.c.daily_cap_ucredits).where(
-            limits_t.c.account_id == account_id, limits_t.c.daily_cap_ucredits.is_not(None)
-        )
-    ).all()
-    for user, cap in sorted(caps, key=lambda row: (row.user is not None, row.user or "")):
-        if user is not None and user not in wanted:
-            continue
-        spent = spent_on_day(s, account_id, user, at) + _running_today(s, account_id, user, at)
-        if spent > cap:
-            overruns.append(CapOverrun("user" if user else "account", user, spent, cap))
-    return overruns
-
-
-def _running_today(s: Session, account_id: int, user: str | None, at: datetime) -> int:
-    """Running jobs' unposted cost that took effect on `at`'s UTC day, up to `at`."""
-    from ledger.holds.accrual import accrued_between  # accrual reads holds, which import this module
-
-    start, end = day_bounds(at)
-    running = accrued_between(s, start, end, at, account_ids=[account_id])
-    return sum(amount for (_, owner), amount in running.items() if user is None or owner == user)
-
-
-def capped_accounts(s: Session) -> dict[str, int]:
-    """Accounts with a daily cap of their own or on a member (name -> id): the ones whose
-    running jobs the meter checks against their caps."""
-    query = (
-        select(accounts_t.c.name, accounts_t.c.id)
-        .join(limits_t, limits_t.c.account_id == accounts_t.c.id)
-        .where(limits_t.c.daily_cap_ucredits.is_not(None))
-    )
-    return {name: account_id for name, account_id in s.execute(query)}

@@ -20,10 +20,9 @@ from ledger.money import (
     format_credits,
     parse_credits,
 )
-from ledger.store.models import Price, table_of
+from ledger.store.tables import prices_t
 from ledger.timeutil import format_time, utcnow
 
-prices_t = table_of(Price)
 _GRES = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import Limits, read_account
+from ledger.books.accounts import read_account
 from ledger.books.balance import available_credit
 from ledger.errors import LimitExceeded
+from ledger.limits.caps import Limits
 from ledger.limits.rules import Usage, limit_breach, static_limit_breach
 from ledger.money import charge_for, format_credits, format_rate
 from ledger.pricing.prices import PriceTable, format_gpus, parse_gpus, prices_for_job

@@ -22,14 +22,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from ledger.books.accounts import Limits, limits_t
 from ledger.books.balance import available_credit
 from ledger.books.credit_use import CreditUse, credit_in_force
-from ledger.books.journal import accounts_t, entries_t
 from ledger.errors import NotFound
+from ledger.limits.caps import Limits
 from ledger.limits.rules import Usage, capped_usage
-from ledger.pricing.prices import PriceTable, load_price_table, prices_t
+from ledger.pricing.prices import PriceTable, load_price_table
 from ledger.pricing.quotes import Estimate, estimate
+from ledger.store.tables import accounts_t, entries_t, limits_t, prices_t
 from ledger.timeutil import utcnow
 
 __all__ = ["STALE_AFTER_SECONDS", "Snapshot", "SnapshotKeeper", "change_marker", "take_snapshot"]

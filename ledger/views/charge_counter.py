@@ -32,9 +32,9 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from ledger.books.journal import REVENUE, accounts_t, entries_t, postings_t
-from ledger.holds.create import holds_t
+from ledger.books.journal import REVENUE
 from ledger.pricing.prices import parse_pairs
+from ledger.store.tables import accounts_t, entries_t, holds_t, postings_t
 from ledger.views.reports import split_by_weights
 
 __all__ = ["AccountCharges", "ChargeCounter", "ChargeTotals", "GresCharges"]

@@ -21,19 +21,15 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from ledger.books.journal import accounts_t
 from ledger.errors import InvalidInput
 from ledger.holds.accrual import seconds_run
-from ledger.holds.create import holds_t
 from ledger.money import div_round_half_up
 from ledger.pricing.prices import check_gres, parse_pairs
-from ledger.store.models import GpuUsage, JobRun, table_of
+from ledger.store.tables import accounts_t, gpu_usage_t, holds_t, job_runs_t
 from ledger.timeutil import utcnow
 
 __all__ = ["EFFICIENCY_COLUMNS", "EFFICIENCY_GROUPS", "UsageDelta", "add_gpu_usage", "efficiency_report"]
 
-gpu_usage_t = table_of(GpuUsage)
-job_runs_t = table_of(JobRun)
 EFFICIENCY_GROUPS = ("job", "user", "account", "gres")
 EFFICIENCY_COLUMNS = (
     "jobs",

@@ -34,11 +34,11 @@ from functools import cached_property
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import limits_t, members_t
-from ledger.books.journal import REVENUE, accounts_t, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.holds.accrual import accrued_between
 from ledger.money import format_credits
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import accounts_t, entries_t, limits_t, members_t, postings_t
 from ledger.timeutil import day_bounds, format_time
 from ledger.views.totals import account_totals
 

@@ -14,9 +14,9 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.books.grants import grants_t
-from ledger.books.journal import REVENUE, accounts_t, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import accounts_t, entries_t, grants_t, postings_t
 from ledger.views.totals import account_totals, memberships
 
 __all__ = ["FUNDING_SOURCES", "FairnessInputs", "fairness_inputs"]

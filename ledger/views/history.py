@@ -17,12 +17,12 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from ledger.books.accounts import read_account
-from ledger.books.journal import REVENUE, accounts_t, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.errors import NotFound
-from ledger.holds.create import HoldState, get_hold, holds_t
+from ledger.holds.state import HoldState, get_hold
 from ledger.money import format_credits
-from ledger.store.models import JobRun, table_of
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import accounts_t, entries_t, holds_t, job_runs_t, postings_t
 from ledger.timeutil import format_time
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "running_totals",
 ]
 
-job_runs_t = table_of(JobRun)
 MAX_JOBS_PER_PAGE = 500
 # Entries of one hold read at once: the hold, the meter's ticks, its resolution and
 # adjustments (a job metered every minute for a week has about 10,000).

@@ -15,12 +15,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ledger.books.journal import REVENUE, accounts_t, entries_t, postings_t
+from ledger.books.journal import REVENUE
 from ledger.errors import InvalidInput
 from ledger.holds.accrual import accruals
-from ledger.holds.create import holds_t
 from ledger.money import format_credits
 from ledger.pricing.prices import parse_pairs
+from ledger.store.tables import accounts_t, entries_t, holds_t, postings_t
 from ledger.timeutil import utcnow
 
 GROUPS = ("day", "gres", "user", "partition", "account")

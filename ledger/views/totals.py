@@ -15,13 +15,10 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import members_t
 from ledger.books.balance import available_credit
-from ledger.books.grants import grants_t
-from ledger.books.journal import accounts_t
-from ledger.holds.create import holds_t
 from ledger.money import UCREDITS_PER_CREDIT
 from ledger.store.sums import joined, split_sum
+from ledger.store.tables import accounts_t, grants_t, holds_t, members_t
 
 __all__ = ["AccountTotals", "account_totals", "memberships"]
 

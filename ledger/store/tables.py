@@ -1,0 +1,69 @@
+"""Every table as a Core `Table`, defined once: the names the ledger's SQL is written in.
+
+The mapped classes (ledger.store.models) declare the schema; the ledger's statements
+(locks, grouped sums, bulk writes, lean reads) are Core, over these. A `*_t` name stays
+inside the ledger: other packages read and change money through `ledger.api`
+(tests/test_boundaries.py).
+
+    accounts_t        customer and system accounts, each with its journal's head
+    members_t         who may charge an account, and who manages it
+    limits_t          caps per account or per user in it
+    prices_t          versioned prices per GPU type (and partition)
+    grants_t          credit an account may spend in a window (a top-up is a grant)
+    holds_t           one reservation per job run attempt
+    allocations_t     what a hold earmarked and drew on each grant
+    entries_t         the journal: append-only, hash-chained per account
+    postings_t        an entry's signed amounts; they sum to zero
+    checkpoints_t     balance checkpoints (ledger.books.checkpoints)
+    idempotency_keys_t  the first result of each keyed request
+    job_runs_t        Slurm's records of job runs, as the bridge reconciled them
+    cursors_t         where the bridge's incremental readers stopped
+    gpu_usage_t       what NVML measured per run, node and GPU type
+    portal_users_t    portal logins
+    tokens_t          API tokens (their hashes)
+    payments_t        credit bought, pending until paid
+    payment_events_t  each payment provider event, once
+"""
+
+from __future__ import annotations
+
+from ledger.store.models import (
+    Account,
+    ApiToken,
+    BalanceCheckpoint,
+    Cursor,
+    Entry,
+    GpuUsage,
+    Grant,
+    Hold,
+    HoldAllocation,
+    IdempotencyKey,
+    JobRun,
+    Limit,
+    Member,
+    Payment,
+    PaymentEvent,
+    PortalUser,
+    Posting,
+    Price,
+    table_of,
+)
+
+accounts_t = table_of(Account)
+members_t = table_of(Member)
+limits_t = table_of(Limit)
+prices_t = table_of(Price)
+grants_t = table_of(Grant)
+holds_t = table_of(Hold)
+allocations_t = table_of(HoldAllocation)
+entries_t = table_of(Entry)
+postings_t = table_of(Posting)
+checkpoints_t = table_of(BalanceCheckpoint)
+idempotency_keys_t = table_of(IdempotencyKey)
+job_runs_t = table_of(JobRun)
+cursors_t = table_of(Cursor)
+gpu_usage_t = table_of(GpuUsage)
+portal_users_t = table_of(PortalUser)
+tokens_t = table_of(ApiToken)
+payments_t = table_of(Payment)
+payment_events_t = table_of(PaymentEvent)
