@@ -10,7 +10,7 @@ fixed number of requests of one kind, then the next kind:
                                          not the only bound.
 
 It prints requests/s, p50 and p99 latency for each, two ratios measured in this run
-(balance against the floor, and holds through HTTP against the same reserve called
+(balance against the floor, and holds through HTTP against the same create_hold called
 in-process with as many threads: what the web layer costs), and the CPU each party
 used while the holds ran -- the server process, PostgreSQL's backends, this client --
 with one line on what bounds the rate.
@@ -285,7 +285,9 @@ def direct_reserves_per_second(database: str, threads: int, requests: int, first
         while (n := next(counter)) < requests:
             with factory() as s, s.begin():
                 account, user = f"acct{n % ACCOUNTS}", f"user{n % ACCOUNTS}"
-                api.reserve(s, account, user=user, job_id=first_job_id + n, gpus=GPUS, seconds=SECONDS)
+                api.keyed.create_hold(
+                    s, account, user=user, job_id=first_job_id + n, gpus=GPUS, seconds=SECONDS
+                )
 
     workers = [threading.Thread(target=worker) for _ in range(threads)]
     for w in workers:

@@ -473,7 +473,7 @@ def hold_create(
 
     config = load_config()
     with transaction() as s:
-        hold = api.reserve(
+        hold = api.keyed.create_hold(
             s,
             account,
             user=user,
@@ -501,7 +501,7 @@ def _hold_charge(name: str, doc: str) -> Any:
     def command(hold_id: int, elapsed: str, at: str | None, idempotency_key: str | None, fmt: str) -> None:
         from ledger import api
 
-        operation = api.charge_usage if name == "usage" else api.settle
+        operation = api.keyed.hold_usage if name == "usage" else api.keyed.settle_hold
         with transaction() as s:
             hold = operation(
                 s, hold_id, elapsed, at=parse_time_option(at, "at"), idempotency_key=idempotency_key
@@ -526,7 +526,9 @@ def hold_release(hold_id: int, at: str | None, idempotency_key: str | None, fmt:
     from ledger import api
 
     with transaction() as s:
-        hold = api.release(s, hold_id, at=parse_time_option(at, "at"), idempotency_key=idempotency_key)
+        hold = api.keyed.release_hold(
+            s, hold_id, at=parse_time_option(at, "at"), idempotency_key=idempotency_key
+        )
     emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 

@@ -105,10 +105,12 @@ def seed_site(db_url: str) -> Site:
     for account, user, job_id, gpus, limit, ran, hours in jobs:
         at = start + timedelta(hours=hours)
         with _tx(db_url) as s:
-            hold = api.reserve(s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit, at=at)
+            hold = api.create_hold(
+                s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit, at=at
+            ).as_dict()
         if ran is not None:
             with _tx(db_url) as s:
-                api.settle(s, hold["id"], ran, at=at + timedelta(seconds=ran))
+                api.settle_hold(s, hold["id"], ran, at=at + timedelta(seconds=ran))
     tokens = {}
     with _tx(db_url) as s:
         for user, role in (

@@ -78,10 +78,12 @@ def test_held_credit_and_debt_at_past_times_from_checkpoints(tx: Any) -> None:
     with tx() as s:
         _setup(s, "physics")
         api.topup(s, "physics", "10", effective_at=START, at=START)
-        hold = api.reserve(s, "physics", user="alice", job_id=1, gpus="h100:1", seconds=3600, at=START)
+        hold = api.create_hold(
+            s, "physics", user="alice", job_id=1, gpus="h100:1", seconds=3600, at=START
+        ).as_dict()
     with tx() as s:
         checkpoint_balances(s, "physics", START + HOUR / 2)
-        api.settle(s, hold["id"], 7200, at=START + 2 * HOUR)  # 7.20 on a 3.60 hold
+        api.settle_hold(s, hold["id"], 7200, at=START + 2 * HOUR)  # 7.20 on a 3.60 hold
         api.consume(s, "physics", "2.80", at=START + 2 * HOUR)
         checkpoint_balances(s, "physics", START + 3 * HOUR)
     with tx() as s:
@@ -144,8 +146,10 @@ def _apply(s: Any, name: str, op: str, when: datetime, size: int) -> None:
     elif op == "consume":
         api.consume(s, name, str(size / 4), at=when)
     elif op == "job":
-        hold = api.reserve(s, name, user="alice", job_id=size, gpus="h100:1", seconds=1800, at=when)
-        api.settle(s, hold["id"], size * 300, at=when + size * HOUR / 12)
+        hold = api.create_hold(
+            s, name, user="alice", job_id=size, gpus="h100:1", seconds=1800, at=when
+        ).as_dict()
+        api.settle_hold(s, hold["id"], size * 300, at=when + size * HOUR / 12)
     elif op == "sweep":
         api.sweep(s, name, when)
     else:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from accounting_bridge.sync.associations import import_associations, parse_associations
 from ledger import api
-from ledger.books.accounts import members, read_account
+from ledger.books.accounts import members_of as members
+from ledger.books.accounts import read_account
 
 RECORDED = """lab|root||
 lab|root|root|

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import LimitExceeded
+from ledger.store.tables import entries_t
 
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
 
@@ -38,7 +39,7 @@ def _reserve(s: Session, user: str, job_id: int, gpus: str) -> api.HoldState:
 
 def _books(s: Session) -> tuple[int, dict[str, Any], list[int]]:
     """What a refusal must leave untouched: the journal, the balance, the holds."""
-    entries = s.execute(select(func.count()).select_from(api.entries_t)).scalar_one()
+    entries = s.execute(select(func.count()).select_from(entries_t)).scalar_one()
     holds = [h.id for h in api.list_holds(s, "physics")]
     return int(entries), api.balance(s, "physics", AT), holds
 

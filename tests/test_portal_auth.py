@@ -126,6 +126,7 @@ def test_a_token_authenticates_until_it_is_revoked_or_expires(app, site: Site) -
     from datetime import timedelta
 
     from ledger import api
+    from ledger.timeutil import utcnow
     from portal.auth import current
     from portal.store import transaction
 
@@ -138,7 +139,7 @@ def test_a_token_authenticates_until_it_is_revoked_or_expires(app, site: Site) -
     assert who(site.tokens["service"]).role == "service"
     assert who("gpc_not-a-token") is None
     with app.app_context(), transaction() as s:
-        expires_at = api.utcnow() + timedelta(hours=1)
+        expires_at = utcnow() + timedelta(hours=1)
         _token, secret = api.create_token(s, "bob", "user", expires_at=expires_at)
         assert api.authenticate_token(s, secret, now=expires_at - timedelta(seconds=1)) is not None
         assert api.authenticate_token(s, secret, now=expires_at) is None  # expired from that instant

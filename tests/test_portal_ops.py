@@ -250,14 +250,14 @@ def test_counters_only_grow_and_lags_appear_once_there_is_something_to_lag(
         assert hold is not None
         jobruns.write_cursor(s, "sacct", site.now - timedelta(seconds=90), at=site.now)
         jobruns.write_cursor(s, "meter", site.now - timedelta(seconds=30), at=site.now)  # the last tick
-        api.charge_usage(s, hold.id, 1800, at=site.now - timedelta(seconds=30))  # 1800 s on one h100: 1.80
+        api.hold_usage(s, hold.id, 1800, at=site.now - timedelta(seconds=30))  # 1800 s on one h100: 1.80
     found = scrape(client)
     assert value(found, "gpucredit_credits_spent_total", account="physics") == 7.4
     assert value(found, "gpucredit_charged_gpu_seconds_total", gres="h100", partition="none") == 5400.0
     assert 90 <= (value(found, "gpucredit_sacct_lag_seconds") or 0) < 3600
     assert 30 <= (value(found, "gpucredit_meter_lag_seconds") or 0) < 3600
     with ledger_tx(portal_db) as s:
-        api.settle(s, hold.id, 1700, at=site.now)  # ran less than provisionally charged: 0.10 back
+        api.settle_hold(s, hold.id, 1700, at=site.now)  # ran less than provisionally charged: 0.10 back
     found = scrape(client)
     assert value(found, "gpucredit_credits_spent_total", account="physics") == 7.4
     assert value(found, "gpucredit_credits_returned_total", account="physics") == 0.1

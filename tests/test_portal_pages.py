@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.jobs import jobruns
+from ledger.money import format_credits, parse_credits
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time, parse_time, utcnow
 from tests.conftest_portal import Site, login, make_app
@@ -280,7 +281,7 @@ def test_a_running_jobs_cost_so_far_is_the_ledgers_charge_for_its_seconds(
     page = get_page(login_as("alice"), f"/accounts/physics/jobs/{hold_of(portal_db, 1003)}")
     elapsed = int(page.text("elapsed"))
     assert 3600 <= elapsed <= 14400  # it started an hour before the site was seeded
-    assert page.text("cost") == api.format_credits(api.charge_for(3_600_000, elapsed))
+    assert page.text("cost") == format_credits(api.charge_for(3_600_000, elapsed))
     assert page.text("estimate") == "14.40"
     assert page.text("rate") == "3.60"
 
@@ -420,8 +421,8 @@ def test_the_csv_has_the_tables_figures(login_as: LoginAs) -> None:
 def test_usage_by_day_adds_up_and_a_range_excludes_what_is_outside(login_as: LoginAs, site: Site) -> None:
     client = login_as("alice")
     page = get_page(client, "/accounts/physics/usage")
-    charged = [api.parse_credits(e.text) for e in page.all(data_testid="charged")]
-    assert api.format_credits(sum(charged)) == "5.60"
+    charged = [parse_credits(e.text) for e in page.all(data_testid="charged")]
+    assert format_credits(sum(charged)) == "5.60"
     assert len([e for e in page.elements if e.tag == "rect"]) == len(charged)
     before = (site.start - timedelta(days=1)).strftime("%Y-%m-%d")
     page = get_page(client, f"/accounts/physics/usage?from=&to={before}")

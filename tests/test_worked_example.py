@@ -8,6 +8,7 @@ import pytest
 
 from ledger import api
 from ledger.errors import LimitExceeded
+from ledger.store.tables import entries_t
 
 T = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
@@ -95,7 +96,7 @@ def test_worked_example(tx) -> None:
     # 9: sacct says job 1001 ran 1802 s: one adjustment of +0.004 linked to its charge.
     with tx() as s:
         settle_entry = s.execute(
-            api.entries_t.select().where(api.entries_t.c.hold_id == h1.id, api.entries_t.c.kind == "settle")
+            entries_t.select().where(entries_t.c.hold_id == h1.id, entries_t.c.kind == "settle")
         ).one()
         result = api.adjust(
             s,
@@ -108,7 +109,7 @@ def test_worked_example(tx) -> None:
     assert result["adjustment"] == "0.004"
     assert result["hold"]["charged"] == "3.604"
     with tx() as s:
-        adjustment = s.execute(api.entries_t.select().where(api.entries_t.c.kind == "adjust")).one()
+        adjustment = s.execute(entries_t.select().where(entries_t.c.kind == "adjust")).one()
         assert adjustment.links_entry_id == settle_entry.id
         assert api.balance(s, "physics", datetime(2026, 12, 2, 13, tzinfo=UTC))["available"] == "112.396"
         assert api.verify(s).ok

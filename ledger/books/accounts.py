@@ -10,11 +10,12 @@ from typing import Any
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from ledger.books import idempotency
 from ledger.books.journal import LockedAccount
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.store.bulk import among, select_many
 from ledger.store.tables import accounts_t, members_t
-from ledger.timeutil import utcnow
+from ledger.timeutil import format_time, utcnow
 
 # Slurm account and user names: letters, digits, '_', '-', '.'; ':' is reserved for system accounts.
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -28,7 +29,22 @@ def check_name(name: str, what: str = "account") -> str:
     return name
 
 
-def create_account(s: Session, name: str, *, at: datetime | None = None) -> dict[str, Any]:
+def create_account(
+    s: Session, name: str, *, at: datetime | None = None, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """A customer account. It locks no customer account yet, so its key is global."""
+    request = {"name": name, "at": format_time(at)}
+    return idempotency.once(
+        s,
+        idempotency.GLOBAL_SCOPE,
+        idempotency_key,
+        "account_create",
+        request,
+        lambda: _create_account(s, name, at=at),
+    )
+
+
+def _create_account(s: Session, name: str, *, at: datetime | None = None) -> dict[str, Any]:
     check_name(name)
     existing = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first()
     if existing:
@@ -51,7 +67,7 @@ def ensure_account(s: Session, name: str) -> bool:
     check_name(name)
     if s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first():
         return False
-    create_account(s, name)
+    _create_account(s, name)
     return True
 
 
@@ -162,7 +178,19 @@ def account_names(s: Session) -> list[str]:
     )
 
 
-def add_member(s: Session, user: str, account: str, role: str = "member") -> dict[str, Any]:
+def add_member(
+    s: Session, user: str, account: str, *, role: str = "member", idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """Let `user` charge `account`; a `manager` (PI) also manages its members, limits and top-ups."""
+    check_name(user, "user")
+    scope = lock_account(s, account).id
+    body = {"user": user} if role == "member" else {"user": user, "role": role}
+    return idempotency.once(
+        s, scope, idempotency_key, "user_add", body, lambda: _add_member(s, user, account, role)
+    )
+
+
+def _add_member(s: Session, user: str, account: str, role: str) -> dict[str, Any]:
     """Add `user` to `account`, or change their role there."""
     check_name(user, "user")
     if role not in ("member", "manager"):
@@ -176,7 +204,12 @@ def add_member(s: Session, user: str, account: str, role: str = "member") -> dic
     return {"account": account, "user": user, "role": role}
 
 
-def members(s: Session, account_id: int) -> list[str]:
+def members(s: Session, account: str) -> list[str]:
+    """The users who may charge `account`, by name."""
+    return members_of(s, read_account(s, account).id)
+
+
+def members_of(s: Session, account_id: int) -> list[str]:
     return list(
         s.execute(
             select(members_t.c.user).where(members_t.c.account_id == account_id).order_by(members_t.c.user)

@@ -4,8 +4,9 @@
 hash over its postings), checks that each entry's postings sum to zero, and recomputes
 the projections the hot path maintains (the account's debt, each grant's remaining and
 earmarked credit) and the balance checkpoints (ledger.books.checkpoints) from the
-journal alone. It reads the journal; it is not the journal, which only appends
-(ledger.books.journal).
+journal alone. `journal_entries` pages one account's journal with its postings, for
+an auditor to read. The audit reads the journal; it is not the journal, which only
+appends (ledger.books.journal).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ledger.books.accounts import read_account
 from ledger.books.checkpoints import verify_checkpoints
-from ledger.books.journal import entry_hash
+from ledger.books.journal import entries_page, entry_hash
 from ledger.store.tables import accounts_t, entries_t, grants_t, postings_t
 
 
@@ -120,3 +122,10 @@ def _verify_account(s: Session, acct: Any, report: VerifyReport) -> None:
                 f"account {acct.name} grant {grant.id}: remaining/earmarked "
                 f"{grant.remaining_ucredits}/{grant.earmarked_ucredits} != journal {available + held}/{held}"
             )
+
+
+def journal_entries(
+    s: Session, account: str, *, before_id: int | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """One page of `account`'s journal, newest first, with postings (the audit view)."""
+    return entries_page(s, read_account(s, account).id, before_id=before_id, limit=limit)

@@ -16,9 +16,10 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from ledger.books import idempotency
+from ledger.books.accounts import lock_account
 from ledger.books.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
 from ledger.errors import InsufficientCredits, InvalidInput
-from ledger.money import MAX_ACCOUNT_UCREDITS, MAX_UCREDITS, format_credits
+from ledger.money import MAX_ACCOUNT_UCREDITS, MAX_UCREDITS, format_credits, parse_credits
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import grants_t
 from ledger.timeutil import format_time, utcnow
@@ -293,17 +294,81 @@ def create_grant(
     return result
 
 
+def topup(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    reference: str | None = None,
+    idempotency_key: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """Paid credit; visible at once; pays recorded debt first."""
+    return create_grant(
+        s,
+        lock_account(s, account),
+        parse_credits(amount),
+        source="topup",
+        effective_at=effective_at,
+        expires_at=expires_at,
+        reference=reference,
+        idempotency_key=idempotency_key,
+        at=at,
+    )
+
+
+def grant(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    reference: str | None = None,
+    idempotency_key: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """Promotional or allocated credit, optionally time-windowed."""
+    return create_grant(
+        s,
+        lock_account(s, account),
+        parse_credits(amount),
+        source="grant",
+        effective_at=effective_at,
+        expires_at=expires_at,
+        priority=priority,
+        reference=reference,
+        idempotency_key=idempotency_key,
+        at=at,
+    )
+
+
 def consume(
     s: Session,
-    account: LockedAccount,
-    amount_ucredits: int,
+    account: str,
+    amount: str,
     *,
     at: datetime | None = None,
     user: str | None = None,
     idempotency_key: str | None = None,
-    memo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Charge credit directly (no hold): all of it from free active credit, or refuse."""
+    acct = lock_account(s, account)
+    return _consume(s, acct, parse_credits(amount), at=at, user=user, idempotency_key=idempotency_key)
+
+
+def _consume(
+    s: Session,
+    account: LockedAccount,
+    amount_ucredits: int,
+    *,
+    at: datetime | None,
+    user: str | None,
+    idempotency_key: str | None,
+) -> dict[str, Any]:
     body = {"amount": amount_ucredits, "at": format_time(at), "user": user}
     first = idempotency.replay(s, account.id, idempotency_key, "consume", body)
     if first is not None:
@@ -326,7 +391,7 @@ def consume(
     if short:
         raise RuntimeError("available credit was computed but could not be drawn")
     legs.append(Leg(REVENUE, amount_ucredits))
-    entry = post(s, account, "consume", at, legs, user=user, memo=memo)
+    entry = post(s, account, "consume", at, legs, user=user)
     save_grants(s, grants)
     result = {
         "account": account.name,

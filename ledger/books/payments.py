@@ -18,7 +18,7 @@ from ledger.books import grants as _grants
 from ledger.books import idempotency
 from ledger.books.accounts import lock_account, lock_account_by_id
 from ledger.errors import Conflict, InvalidInput, NotFound
-from ledger.money import format_credits
+from ledger.money import format_credits, parse_credits
 from ledger.store.tables import accounts_t, payment_events_t, payments_t
 from ledger.timeutil import format_time, utcnow
 
@@ -76,13 +76,15 @@ def list_payments(
 def open_payment(
     s: Session,
     account: str,
-    amount_ucredits: int,
+    amount: str,
     *,
     provider: str,
     requested_by: str,
     idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """A pending payment: what a checkout session or an invoice will pay for."""
+    """Credit bought but not yet paid (not spendable), `amount` credits: what a checkout
+    session or an invoice will pay for. `mark_paid` turns it into a top-up."""
+    amount_ucredits = parse_credits(amount)
     if provider not in PROVIDERS:
         raise InvalidInput(f"unknown payment provider {provider!r}", code="invalid_provider")
     if amount_ucredits <= 0 or amount_ucredits > MAX_PAYMENT_UCREDITS:

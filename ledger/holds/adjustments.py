@@ -1,5 +1,7 @@
-"""Corrections of a run's charge: one run (`adjust_hold`), or many runs of one account
-under one lock (`adjust_holds`, the sacct bridge's batches).
+"""Corrections: of a run's charge, one run (`adjust_hold`) or many runs of one account
+under one lock (`adjust_holds`, the sacct bridge's batches); and an admin's signed
+correction linked to an earlier entry (`adjust`), which goes through the run's hold when
+the entry is a run's charge.
 
 The bridge corrects a run's charge to Slurm's record with `adjust_hold`: a lock, six
 reads and six writes per run. `adjust_holds` does what calling `adjust_hold` on each
@@ -22,15 +24,24 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from ledger.books import idempotency
 from ledger.books.accounts import lock_account, lock_accounts, no_account
-from ledger.books.grants import GrantState, create_grant, grants_by_account, save_grants
-from ledger.books.journal import EntryDraft, Leg, LockedAccount, post_batch
+from ledger.books.grants import (
+    GrantState,
+    create_grant,
+    grants_by_account,
+    load_grants,
+    save_grants,
+    take_free,
+)
+from ledger.books.journal import REVENUE, EntryDraft, Leg, LockedAccount, post, post_batch
 from ledger.errors import InvalidInput, NotFound
 from ledger.holds.charges import Allocation, apply_charge, draw, refund, save_allocations_many
-from ledger.holds.state import HoldState, hold_query, lock_hold, to_state
+from ledger.holds.state import HoldState, get_hold, hold_query, lock_hold, to_state
+from ledger.money import format_credits, parse_credits
 from ledger.store.bulk import update_rows
 from ledger.store.tables import allocations_t, entries_t, grants_t, holds_t
-from ledger.timeutil import utcnow
+from ledger.timeutil import format_time, utcnow
 
 __all__ = [
     "MAX_ADJUSTMENTS_PER_CALL",
@@ -109,7 +120,7 @@ def adjust_holds_many(
     if due:
         due_ids = [a.hold_id for rest in due.values() for a in rest]
         links = _resolving_entries(s, due_ids)
-        allocations = load_allocations(s, due_ids)
+        allocations = _load_allocations(s, due_ids)
         while due:
             due = _apply_segments(s, locked, holds, due, links, allocations)
     return {name: [holds[a.hold_id] for a in adjustments[name]] for name in adjustments}
@@ -141,7 +152,7 @@ def _resolving_entries(s: Session, hold_ids: Sequence[int]) -> dict[int, int]:
     return {hold_id: entry_id for hold_id, entry_id in s.execute(query)}
 
 
-def load_allocations(s: Session, hold_ids: Sequence[int]) -> dict[int, dict[int, Allocation]]:
+def _load_allocations(s: Session, hold_ids: Sequence[int]) -> dict[int, dict[int, Allocation]]:
     found: dict[int, dict[int, Allocation]] = {hold_id: {} for hold_id in hold_ids}
     for row in s.execute(select(allocations_t).where(allocations_t.c.hold_id.in_(hold_ids))):
         found[row.hold_id][row.grant_id] = Allocation(
@@ -299,3 +310,96 @@ def adjust_hold(
         links_entry_id=links_entry_id,
         memo={"reason": reason} if reason else None,
     )
+
+
+def adjust(
+    s: Session,
+    account: str,
+    amount: str,
+    *,
+    links_entry_id: int,
+    reason: str = "",
+    at: datetime | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Post a signed correction linked to an earlier charge (repeat-safe with a key)."""
+    delta = parse_credits(amount, field="amount", allow_negative=True)
+    acct = lock_account(s, account)
+    request = {
+        "amount": delta,
+        "links_entry_id": links_entry_id,
+        "reason": reason,
+        "at": format_time(at) if at else None,
+    }
+    first = idempotency.replay(s, acct.id, idempotency_key, "adjust", request)
+    if first is not None:
+        return first
+    result = _adjust(s, acct, delta, links_entry_id, reason, at or utcnow())
+    idempotency.remember(s, acct.id, idempotency_key, "adjust", request, result)
+    return result
+
+
+def _adjust(
+    s: Session, acct: LockedAccount, delta: int, links_entry_id: int, reason: str, at: datetime
+) -> dict[str, Any]:
+    """A correction of a job run's charge goes through its hold (so refunds return to the
+    grants the run drew from); any other correction charges free credit (else debt) or
+    refunds as a new grant."""
+    account = acct.name
+    linked = s.execute(
+        select(entries_t.c.id, entries_t.c.account_id, entries_t.c.hold_id).where(
+            entries_t.c.id == links_entry_id
+        )
+    ).first()
+    if linked is None or linked.account_id != acct.id:
+        raise NotFound(
+            f"entry {links_entry_id} of account {account} does not exist",
+            details={"entry_id": links_entry_id, "account": account},
+        )
+    if linked.hold_id is not None:
+        hold = get_hold(s, linked.hold_id)
+        target = hold.charged_ucredits + delta
+        if target < 0:
+            raise InvalidInput(
+                f"a refund of {format_credits(-delta)} exceeds the "
+                f"{format_credits(hold.charged_ucredits)} this run was charged",
+                code="invalid_amount",
+            )
+        hold = adjust_hold(s, hold.id, target, at=at, reason=reason, links_entry_id=links_entry_id)
+        return {
+            "account": account,
+            "adjustment": format_credits(delta),
+            "hold": hold.as_dict(),
+            "links_entry_id": links_entry_id,
+        }
+    if delta > 0:
+        grants = load_grants(s, acct.id)
+        legs: list[Leg] = []
+        short = take_free(grants, acct, delta, at, None, legs)
+        if short:
+            legs.append(Leg(acct.id, -short, "debt"))
+        legs.append(Leg(REVENUE, delta))
+        entry = post(
+            s,
+            acct,
+            "adjust",
+            at,
+            legs,
+            links_entry_id=links_entry_id,
+            memo={"reason": reason} if reason else None,
+        )
+        save_grants(s, grants)
+        return {
+            "account": account,
+            "adjustment": format_credits(delta),
+            "entry_id": entry.id,
+            "links_entry_id": links_entry_id,
+        }
+    result = create_grant(s, acct, -delta, source="refund", at=at, links_entry_id=links_entry_id)
+    return {
+        "account": account,
+        "adjustment": format_credits(delta),
+        "entry_id": result["entry_id"],
+        "links_entry_id": links_entry_id,
+        "grant": result["grant"],
+    }

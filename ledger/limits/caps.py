@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from ledger.books import idempotency
 from ledger.books.accounts import check_name, lock_account
 from ledger.errors import InvalidInput, NotFound
 from ledger.money import format_credits, parse_credits
@@ -43,8 +44,42 @@ def set_limits(
     max_rate: str | None = None,
     daily_cap: str | None = None,
     clear: bool = False,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """Set the given caps (others unchanged; `clear` removes all caps first)."""
+    """Set the given caps (others unchanged; `clear` removes all caps first). A repeat of a
+    keyed request returns the caps as the first one left them."""
+    scope = lock_account(s, account).id
+    request = {
+        "user": user,
+        "max_gpus": max_gpus,
+        "max_rate": None if max_rate is None else parse_credits(max_rate, field="max_rate", allow_zero=True),
+        "daily_cap": None
+        if daily_cap is None
+        else parse_credits(daily_cap, field="daily_cap", allow_zero=True),
+        "clear": clear,
+    }
+    return idempotency.once(
+        s,
+        scope,
+        idempotency_key,
+        "limits_set",
+        request,
+        lambda: _set_limits(
+            s, account, user=user, max_gpus=max_gpus, max_rate=max_rate, daily_cap=daily_cap, clear=clear
+        ),
+    )
+
+
+def _set_limits(
+    s: Session,
+    account: str,
+    *,
+    user: str | None,
+    max_gpus: int | None,
+    max_rate: str | None,
+    daily_cap: str | None,
+    clear: bool,
+) -> dict[str, Any]:
     acct = lock_account(s, account)
     if user is not None:
         check_name(user, "user")

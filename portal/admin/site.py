@@ -108,7 +108,7 @@ def release(hold_id: int) -> Any:
     """Give a hold's unspent credit back to its account; what it charged stays charged."""
     try:
         with transaction() as s:
-            hold = api.release(s, hold_id, idempotency_key=forms.idempotency_key())
+            hold = api.keyed.release_hold(s, hold_id, idempotency_key=forms.idempotency_key())
     except LedgerError as error:
         return holds(error=error)
     flash(

@@ -82,7 +82,7 @@ def reserve(call: Call) -> Any:
     body = call.body
     at = time_of(body, "at")
     with transaction() as s:
-        hold = api.reserve(
+        hold = api.keyed.create_hold(
             s,
             body["account"],
             user=body["user"],
@@ -113,7 +113,9 @@ def charge_usage(call: Call, hold_id: int) -> Any:
     nothing more)."""
     at = time_of(call.body, "at")
     with transaction() as s:
-        return api.charge_usage(s, hold_id, call.body["elapsed"], at=at, idempotency_key=call.idempotency_key)
+        return api.keyed.hold_usage(
+            s, hold_id, call.body["elapsed"], at=at, idempotency_key=call.idempotency_key
+        )
 
 
 @endpoint(
@@ -131,7 +133,9 @@ def settle(call: Call, hold_id: int) -> Any:
     resolves once: another resolution is a 409 `hold_resolved`."""
     at = time_of(call.body, "at")
     with transaction() as s:
-        return api.settle(s, hold_id, call.body["elapsed"], at=at, idempotency_key=call.idempotency_key)
+        return api.keyed.settle_hold(
+            s, hold_id, call.body["elapsed"], at=at, idempotency_key=call.idempotency_key
+        )
 
 
 @endpoint(
@@ -148,7 +152,7 @@ def release(call: Call, hold_id: int) -> Any:
     """Return what the hold did not charge (a job that never ran, or was cancelled)."""
     at = time_of(call.body, "at")
     with transaction() as s:
-        return api.release(s, hold_id, at=at, idempotency_key=call.idempotency_key)
+        return api.keyed.release_hold(s, hold_id, at=at, idempotency_key=call.idempotency_key)
 
 
 @endpoint(
