@@ -204,16 +204,18 @@ def settle_short(factory: Any, run: SacctRun) -> None:
     with factory() as s, s.begin():
         hold = api.create_hold(
             s,
-            run.account,
-            user=run.user,
-            job_id=run.job_id,
-            gpus=dict(run.gpus),
-            seconds=43_200,
-            cluster=run.cluster,
-            run=run.run,
-            partition=run.partition,
-            at=run.start,
-            submitted_at=run.submit,
+            api.HoldRequest(
+                run.account,
+                user=run.user,
+                job_id=run.job_id,
+                gpus=dict(run.gpus),
+                seconds=43_200,
+                cluster=run.cluster,
+                run=run.run,
+                partition=run.partition,
+                at=run.start,
+                submitted_at=run.submit,
+            ),
         )
         elapsed = max(0, run.elapsed_seconds - 2)
         api.settle_hold(s, hold.id, elapsed, run.start + timedelta(seconds=elapsed))

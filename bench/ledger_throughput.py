@@ -88,7 +88,10 @@ def setup(database: str) -> None:
 def cycle(factory, account: str, job_id: int) -> None:  # type: ignore[no-untyped-def]
     with factory() as s, s.begin():
         hold = api.create_hold(
-            s, account, user="alice", job_id=job_id, gpus="h100:2,a100:1", seconds=7200, cluster="bench"
+            s,
+            api.HoldRequest(
+                account, user="alice", job_id=job_id, gpus="h100:2,a100:1", seconds=7200, cluster="bench"
+            ),
         )
     with factory() as s, s.begin():
         api.settle_hold(s, hold.id, 1800)

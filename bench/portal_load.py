@@ -286,7 +286,8 @@ def direct_reserves_per_second(database: str, threads: int, requests: int, first
             with factory() as s, s.begin():
                 account, user = f"acct{n % ACCOUNTS}", f"user{n % ACCOUNTS}"
                 api.keyed.create_hold(
-                    s, account, user=user, job_id=first_job_id + n, gpus=GPUS, seconds=SECONDS
+                    s,
+                    api.HoldRequest(account, user=user, job_id=first_job_id + n, gpus=GPUS, seconds=SECONDS),
                 )
 
     workers = [threading.Thread(target=worker) for _ in range(threads)]

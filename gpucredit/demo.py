@@ -84,7 +84,10 @@ def build_site() -> None:
         at = start + timedelta(hours=hours)
         with transaction() as s:
             hold = api.create_hold(
-                s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit, cluster="lab", at=at
+                s,
+                api.HoldRequest(
+                    account, user=user, job_id=job_id, gpus=gpus, seconds=limit, cluster="lab", at=at
+                ),
             )
         with transaction() as s:
             api.settle_hold(s, hold.id, ran, at + timedelta(seconds=ran))
@@ -93,13 +96,15 @@ def build_site() -> None:
         with transaction() as s:
             api.create_hold(
                 s,
-                "physics",
-                user="alice",
-                job_id=1003,
-                gpus="a100:4",
-                seconds=4 * 3600,
-                cluster="lab",
-                at=start + timedelta(hours=2, minutes=30),
+                api.HoldRequest(
+                    "physics",
+                    user="alice",
+                    job_id=1003,
+                    gpus="a100:4",
+                    seconds=4 * 3600,
+                    cluster="lab",
+                    at=start + timedelta(hours=2, minutes=30),
+                ),
             )
     except LedgerError as refusal:
         click.echo(f"  refused {refusal.code}: {refusal.message}\n")

@@ -33,8 +33,8 @@ The parts:
     routing      route, candidate_partitions, Route, RoutingConfig, CostLimit,
                  PartitionOption                                    ledger.pricing.routing
     job_submit   Snapshot, SnapshotKeeper (its in-memory picture)   ledger.pricing.snapshot
-    holds        create_hold, hold_usage, settle_hold, release_hold, adjust_hold,
-                 hold_refusal, record_unreserved_run, HoldState, UNKNOWN_SUBMIT
+    holds        create_hold(s, HoldRequest(...)), hold_usage, settle_hold, release_hold,
+                 adjust_hold, hold_refusal, record_unreserved_run, HoldState, UNKNOWN_SUBMIT
                  get_hold, find_hold, find_active_hold, find_job_holds, list_holds,
                  holds_page, list_active_runs, ActiveRun            ledger.holds
     keyed        keyed.create_hold, keyed.hold_usage, keyed.settle_hold,
@@ -120,6 +120,7 @@ from ledger.holds.create import create_hold, create_holds_together, hold_refusal
 from ledger.holds.expire import sweep
 from ledger.holds.leases import Renewal, lease_needs_renewal, lease_overspend_bound, renew_leases
 from ledger.holds.overruns import CapOverrun, capped_accounts, daily_cap_overruns
+from ledger.holds.request import HoldRequest
 from ledger.holds.resolve import release_hold, settle_hold
 from ledger.holds.state import (
     ActiveRun,
@@ -188,6 +189,7 @@ __all__ = [
     "CreditUse",
     "Estimate",
     "FairnessInputs",
+    "HoldRequest",
     "HoldState",
     "JobRecord",
     "LockedBatch",

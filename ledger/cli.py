@@ -473,8 +473,7 @@ def hold_create(
 
     config = load_config()
     with transaction() as s:
-        hold = api.keyed.create_hold(
-            s,
+        request = api.HoldRequest(
             account,
             user=user,
             job_id=job_id,
@@ -485,8 +484,8 @@ def hold_create(
             partition=partition,
             at=parse_time_option(at, "at"),
             grace_seconds=int(config["holds"]["grace_seconds"]),
-            idempotency_key=idempotency_key,
         )
+        hold = api.keyed.create_hold(s, request, idempotency_key=idempotency_key)
     emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 

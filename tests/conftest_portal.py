@@ -106,7 +106,7 @@ def seed_site(db_url: str) -> Site:
         at = start + timedelta(hours=hours)
         with _tx(db_url) as s:
             hold = api.create_hold(
-                s, account, user=user, job_id=job_id, gpus=gpus, seconds=limit, at=at
+                s, api.HoldRequest(account, user=user, job_id=job_id, gpus=gpus, seconds=limit, at=at)
             ).as_dict()
         if ran is not None:
             with _tx(db_url) as s:

@@ -33,7 +33,8 @@ def history(tx: Callable[[], Any], account: str, first_job: int) -> list[int]:
     for job_id in range(first_job, first_job + 3):
         with tx() as s:
             hold = api.create_hold(
-                s, account, user="alice", job_id=job_id, gpus={"a100": 1}, seconds=7200, at=T0
+                s,
+                api.HoldRequest(account, user="alice", job_id=job_id, gpus={"a100": 1}, seconds=7200, at=T0),
             )
             api.settle_hold(s, hold.id, 3600, T0 + HOUR)
             holds.append(hold.id)

@@ -189,7 +189,10 @@ def measured(tx, node) -> Callable[[], Any]:
     for job, gpus in ((JOB_A, "a100:1"), (JOB_B, "h100:2")):
         with tx() as s:
             h = api.create_hold(
-                s, "physics", user="alice", job_id=job.job_id, gpus=gpus, seconds=3600, cluster="lab", at=T0
+                s,
+                api.HoldRequest(
+                    "physics", user="alice", job_id=job.job_id, gpus=gpus, seconds=3600, cluster="lab", at=T0
+                ),
             )
             api.settle_hold(s, h.id, 30)
     run_three_ticks(tx, *node)
@@ -290,13 +293,15 @@ def test_efficiency_counts_a_running_job_to_where_the_meter_saw_it(measured) -> 
     with tx() as s:
         h = api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=102,
-            gpus="a100:2",
-            seconds=3600,
-            cluster="lab",
-            at=datetime(2026, 11, 2, tzinfo=UTC),
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=102,
+                gpus="a100:2",
+                seconds=3600,
+                cluster="lab",
+                at=datetime(2026, 11, 2, tzinfo=UTC),
+            ),
         )
     assert report(tx, "job")[2:] == []  # the meter has not seen it run
     with tx() as s:

@@ -24,13 +24,15 @@ def _books(tx) -> None:
     with tx() as s:
         hold = api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=1,
-            gpus="h100:2",
-            seconds=7200,
-            cluster="lab",
-            at=datetime(2026, 12, 2, 10, tzinfo=UTC),
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=1,
+                gpus="h100:2",
+                seconds=7200,
+                cluster="lab",
+                at=datetime(2026, 12, 2, 10, tzinfo=UTC),
+            ),
         )
     with tx() as s:
         api.settle_hold(s, hold.id, 1800)

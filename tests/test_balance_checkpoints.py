@@ -79,7 +79,7 @@ def test_held_credit_and_debt_at_past_times_from_checkpoints(tx: Any) -> None:
         _setup(s, "physics")
         api.topup(s, "physics", "10", effective_at=START, at=START)
         hold = api.create_hold(
-            s, "physics", user="alice", job_id=1, gpus="h100:1", seconds=3600, at=START
+            s, api.HoldRequest("physics", user="alice", job_id=1, gpus="h100:1", seconds=3600, at=START)
         ).as_dict()
     with tx() as s:
         checkpoint_balances(s, "physics", START + HOUR / 2)
@@ -147,7 +147,7 @@ def _apply(s: Any, name: str, op: str, when: datetime, size: int) -> None:
         api.consume(s, name, str(size / 4), at=when)
     elif op == "job":
         hold = api.create_hold(
-            s, name, user="alice", job_id=size, gpus="h100:1", seconds=1800, at=when
+            s, api.HoldRequest(name, user="alice", job_id=size, gpus="h100:1", seconds=1800, at=when)
         ).as_dict()
         api.settle_hold(s, hold["id"], size * 300, at=when + size * HOUR / 12)
     elif op == "sweep":

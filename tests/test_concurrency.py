@@ -39,7 +39,16 @@ def _race_holds(url: str, worker: int, barrier, results) -> None:
         try:
             with factory() as s, s.begin():
                 api.create_hold(
-                    s, "physics", user="alice", job_id=job_id, gpus="h100:1", seconds=60, cluster="lab", at=AT
+                    s,
+                    api.HoldRequest(
+                        "physics",
+                        user="alice",
+                        job_id=job_id,
+                        gpus="h100:1",
+                        seconds=60,
+                        cluster="lab",
+                        at=AT,
+                    ),
                 )
             admitted += 1
         except InsufficientCredits:

@@ -123,7 +123,9 @@ def test_a_job_refused_for_a_daily_cap_is_not_released_while_its_account_can_pay
 def test_a_job_refused_for_its_gpu_cap_waits_until_gpus_free(daemon: Daemon, tx) -> None:  # type: ignore[no-untyped-def]
     with tx() as s:
         api.set_limits(s, "physics", user="alice", max_gpus=1)
-        running = api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60)
+        running = api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60)
+        )
     round_with(daemon, squeue_json({}), [])
     assert not daemon._some_would_start()  # no squeue dump while nothing could start
     with tx() as s:

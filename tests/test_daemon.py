@@ -148,7 +148,9 @@ def test_submit_tells_a_job_over_a_cap_beside_what_runs_that_it_waits(
     with tx() as s:
         api.add_member(s, "alice", "physics")
         api.set_limits(s, "physics", user="alice", daily_cap="10")
-        api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=7200)  # 7.20 held
+        api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=7200)
+        )  # 7.20 held
     with running(db_url, sockdir, sinfo_runner()):
         client = DaemonClient(str(sockdir / "daemon.sock"), 5.0)
         _over_a_cap(client)

@@ -58,7 +58,10 @@ def hold_id(tx) -> int:
         api.topup(s, "physics", "100", effective_at=LONG_AGO)
     with tx() as s:
         hold = api.create_hold(
-            s, "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200, cluster="lab", at=T0
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200, cluster="lab", at=T0
+            ),
         )
     assert hold.amount_ucredits == 14_400_000
     return hold.id

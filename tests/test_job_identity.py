@@ -137,9 +137,15 @@ def test_the_epilog_after_a_requeue_settles_the_running_attempt_and_replays(ledg
 def test_holds_without_a_submit_time_keep_the_run_as_their_identity(ledger) -> None:
     """The CLI and the HTTP API know no SubmitTime: (cluster, job_id, run) names the run."""
     with ledger() as s:
-        first = api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60, at=T0)
+        first = api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60, at=T0)
+        )
     with ledger() as s:
-        again = api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60, at=T0)
+        again = api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=7, gpus={"h100": 1}, seconds=60, at=T0)
+        )
     assert again.id == first.id and first.as_dict()["submitted_at"] is None
     with ledger() as s, pytest.raises(Conflict):
-        api.create_hold(s, "physics", user="alice", job_id=7, gpus={"h100": 2}, seconds=60, at=T0)
+        api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=7, gpus={"h100": 2}, seconds=60, at=T0)
+        )

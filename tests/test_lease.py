@@ -87,14 +87,16 @@ def take(
     with tx() as s:
         return api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=job_id,
-            gpus="a100:1",
-            seconds=seconds,
-            cluster="lab",
-            at=T0,
-            lease_seconds=lease,
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=job_id,
+                gpus="a100:1",
+                seconds=seconds,
+                cluster="lab",
+                at=T0,
+                lease_seconds=lease,
+            ),
         )
 
 
@@ -129,7 +131,12 @@ def test_a_lease_holds_one_window_and_expires_at_the_time_limit(tx) -> None:
     with tx() as s:
         assert api.balance(s, "physics")["available"] == "97.50"
         with pytest.raises(InvalidInput) as refused:
-            api.create_hold(s, "physics", user="alice", job_id=3, gpus="a100:1", seconds=60, lease_seconds=0)
+            api.create_hold(
+                s,
+                api.HoldRequest(
+                    "physics", user="alice", job_id=3, gpus="a100:1", seconds=60, lease_seconds=0
+                ),
+            )
     assert refused.value.code == "invalid_lease"
 
 

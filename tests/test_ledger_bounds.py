@@ -96,7 +96,9 @@ def test_a_price_a_rate_and_a_gpu_count_past_their_bounds_are_refused(tx: Callab
     # Two GPUs at the highest price are twice the highest rate one job may have: refused
     # before any product is stored (it was a 500, an integer too large for the column).
     with pytest.raises(InvalidInput) as rate, tx() as s:
-        api.create_hold(s, "physics", user="alice", job_id=1, gpus="huge:2", seconds=31_622_400, at=AT)
+        api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=1, gpus="huge:2", seconds=31_622_400, at=AT)
+        )
     assert rate.value.code == "invalid_gpus"
     assert rate.value.details == {"limit": "rate_per_job", "value": "200000000.00", "cap": "100000000.00"}
     assert rate.value.message == (
@@ -110,7 +112,10 @@ def test_a_price_a_rate_and_a_gpu_count_past_their_bounds_are_refused(tx: Callab
     half = MAX_GPUS_PER_JOB // 2 + 1
     with pytest.raises(InvalidInput) as gpus, tx() as s:
         api.create_hold(
-            s, "physics", user="alice", job_id=2, gpus=f"h100:{half},a100:{half}", seconds=60, at=AT
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=2, gpus=f"h100:{half},a100:{half}", seconds=60, at=AT
+            ),
         )
     assert gpus.value.details["limit"] == "gpus_per_job"
     assert gpus.value.message == (
@@ -118,7 +123,9 @@ def test_a_price_a_rate_and_a_gpu_count_past_their_bounds_are_refused(tx: Callab
     )
     # A hold for no time holds nothing.
     with pytest.raises(InvalidInput) as zero, tx() as s:
-        api.create_hold(s, "physics", user="alice", job_id=3, gpus="h100:1", seconds=0, at=AT)
+        api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=3, gpus="h100:1", seconds=0, at=AT)
+        )
     assert (zero.value.code, zero.value.details["minimum"]) == ("invalid_duration", 1)
     with tx() as s:
         assert api.list_holds(s, "physics") == []

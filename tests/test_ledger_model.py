@@ -639,14 +639,16 @@ class LedgerMachine(RuleBasedStateMachine):
         hold, error = self.attempt(
             lambda s: api.create_hold(
                 s,
-                "physics",
-                user=user,
-                job_id=job_id,
-                gpus=spec,
-                seconds=seconds,
-                cluster="lab",
-                at=at,
-                started_at=started,
+                api.HoldRequest(
+                    "physics",
+                    user=user,
+                    job_id=job_id,
+                    gpus=spec,
+                    seconds=seconds,
+                    cluster="lab",
+                    at=at,
+                    started_at=started,
+                ),
             )
         )
         if isinstance(predicted, Refused):
@@ -691,13 +693,15 @@ class LedgerMachine(RuleBasedStateMachine):
         hold, error = self.attempt(
             lambda s: api.create_hold(
                 s,
-                "physics",
-                user=h.user,
-                job_id=h.job_id,
-                gpus=RESPELLED[h.spec] if same else h.spec,
-                seconds=h.seconds if same else h.seconds + 1,
-                cluster="lab",
-                at=at,
+                api.HoldRequest(
+                    "physics",
+                    user=h.user,
+                    job_id=h.job_id,
+                    gpus=RESPELLED[h.spec] if same else h.spec,
+                    seconds=h.seconds if same else h.seconds + 1,
+                    cluster="lab",
+                    at=at,
+                ),
             )
         )
         if same:
@@ -991,7 +995,9 @@ def test_settling_below_a_charge_whose_debt_was_paid_refunds_the_rest_as_a_grant
         api.create_account(s, "physics")
         api.set_price(s, "h100", "3.60", effective_at=PRICE_FROM)
         api.topup(s, "physics", "10", effective_at=at, at=at)
-        hold = api.create_hold(s, "physics", user="alice", job_id=1, gpus="h100:2", seconds=600, at=at)
+        hold = api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=1, gpus="h100:2", seconds=600, at=at)
+        )
         api.consume(s, "physics", "8.80", at=at)
     with tx() as s:  # 4200 s at 7.20/h: 8.40, of which 1.20 held and 7.20 debt
         api.hold_usage(s, hold.id, 4200, at + timedelta(seconds=4200))

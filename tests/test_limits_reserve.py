@@ -33,7 +33,7 @@ def _setup(tx: Callable[[], Any]) -> None:
 
 def _reserve(s: Session, user: str, job_id: int, gpus: str) -> api.HoldState:
     return api.create_hold(
-        s, "physics", user=user, job_id=job_id, gpus=gpus, seconds=3600, cluster="lab", at=AT
+        s, api.HoldRequest("physics", user=user, job_id=job_id, gpus=gpus, seconds=3600, cluster="lab", at=AT)
     )
 
 

@@ -147,7 +147,9 @@ def test_credit_held_by_a_running_job_is_no_block(tx: Callable[[], Any]) -> None
         api.set_price(s, "h100", "3.60", effective_at=NOW - timedelta(days=1))
         api.create_account(s, "busy")
         api.topup(s, "busy", "3.60", effective_at=NOW - timedelta(days=1))
-        api.create_hold(s, "busy", user="alice", job_id=1, gpus={"h100": 1}, seconds=3600, at=NOW)
+        api.create_hold(
+            s, api.HoldRequest("busy", user="alice", job_id=1, gpus={"h100": 1}, seconds=3600, at=NOW)
+        )
         [busy] = api.enforcement(s, NOW)
     assert busy.blocks == ()  # 0.00 available, 3.60 held: the job may return some
 

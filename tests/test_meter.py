@@ -92,7 +92,10 @@ def setup_account(tx: Callable[[], Any], name: str = "physics", credits: str = "
 def hold(tx: Callable[[], Any], job_id: int, *, account: str = "physics", seconds: int = 3600) -> int:
     with tx() as s:
         return api.create_hold(
-            s, account, user="alice", job_id=job_id, gpus="a100:1", seconds=seconds, cluster="lab", at=T0
+            s,
+            api.HoldRequest(
+                account, user="alice", job_id=job_id, gpus="a100:1", seconds=seconds, cluster="lab", at=T0
+            ),
         ).id
 
 
@@ -362,14 +365,16 @@ def attempt_hold(tx: Callable[[], Any], job_id: int, submitted_at: datetime | No
     with tx() as s:
         return api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=job_id,
-            gpus="a100:1",
-            seconds=3600,
-            cluster="lab",
-            at=at,
-            submitted_at=submitted_at,
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=job_id,
+                gpus="a100:1",
+                seconds=3600,
+                cluster="lab",
+                at=at,
+                submitted_at=submitted_at,
+            ),
         ).id
 
 
@@ -437,13 +442,15 @@ def test_hold_usage_many_equals_hold_usage_one_by_one(tx) -> None:
                 ids[name].append(
                     api.create_hold(
                         s,
-                        name,
-                        user="alice",
-                        job_id=(1 if name == "one" else 2) * 1000 + j,
-                        gpus="a100:1",
-                        seconds=seconds,
-                        cluster="lab",
-                        at=T0,
+                        api.HoldRequest(
+                            name,
+                            user="alice",
+                            job_id=(1 if name == "one" else 2) * 1000 + j,
+                            gpus="a100:1",
+                            seconds=seconds,
+                            cluster="lab",
+                            at=T0,
+                        ),
                     ).id
                 )
     plan = [(2000, T0 + timedelta(seconds=2000)), (1000, None), (4000, T0 + timedelta(seconds=4000))]
@@ -526,7 +533,10 @@ def test_reports_read_the_same_as_when_every_tick_was_posted(tx) -> None:
 
     with tx() as s:
         a = api.create_hold(
-            s, "physics", user="alice", job_id=1, gpus="a100:1", seconds=7200, cluster="lab", at=start_a
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1, gpus="a100:1", seconds=7200, cluster="lab", at=start_a
+            ),
         ).id
     squeue = FakeSqueue([job(1, "alice", start_a)])
     clock = Clock(start_a)
@@ -538,13 +548,15 @@ def test_reports_read_the_same_as_when_every_tick_was_posted(tx) -> None:
             with tx() as s:
                 b = api.create_hold(
                     s,
-                    "physics",
-                    user="bob",
-                    job_id=2,
-                    gpus="a100:1,h100:1",
-                    seconds=3600,
-                    cluster="lab",
-                    at=start_b,
+                    api.HoldRequest(
+                        "physics",
+                        user="bob",
+                        job_id=2,
+                        gpus="a100:1,h100:1",
+                        seconds=3600,
+                        cluster="lab",
+                        at=start_b,
+                    ),
                 ).id
             squeue.jobs.append(job(2, "bob", start_b))
         if clock.now == report_at:
@@ -609,7 +621,10 @@ def test_a_running_job_across_midnight_reads_the_same_before_and_after_its_day_e
     start = datetime(2026, 12, 2, 23, 0, tzinfo=UTC)
     with tx() as s:
         hold_id = api.create_hold(
-            s, "physics", user="alice", job_id=1, gpus="a100:1", seconds=7200, cluster="lab", at=start
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1, gpus="a100:1", seconds=7200, cluster="lab", at=start
+            ),
         ).id
     now = start + timedelta(seconds=5400)  # 00:30:00
     expected = [

@@ -361,14 +361,16 @@ def test_read_back_leaves_a_run_the_ledger_holds_uncharged(
         api.topup(s, "physics", "10", effective_at=EPOCH)
         api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=5,
-            gpus={"a100": 1, "h100": 1},
-            seconds=900,
-            cluster="lab",
-            at=NOW,
-            submitted_at=datetime(2026, 12, 2, 10, 0, tzinfo=UTC),
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=5,
+                gpus={"a100": 1, "h100": 1},
+                seconds=900,
+                cluster="lab",
+                at=NOW,
+                submitted_at=datetime(2026, 12, 2, 10, 0, tzinfo=UTC),
+            ),
         )
     epilog(path, 5, end="2026-12-02T10:10:01")
     result = read_back(sessions, str(outage_dir), NOW)
@@ -489,7 +491,10 @@ def test_policy_bound_prints_the_bound_for_the_site(gc: Callable[..., Any], tx: 
         api.add_member(s, "alice", "physics")
         api.topup(s, "physics", "100", effective_at=EPOCH)
         api.create_hold(
-            s, "physics", user="alice", job_id=41, gpus={"h100": 2}, seconds=7200, cluster="lab", at=NOW
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=41, gpus={"h100": 2}, seconds=7200, cluster="lab", at=NOW
+            ),
         )
 
     reject = gc(

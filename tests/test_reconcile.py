@@ -136,16 +136,18 @@ def hold_for(
     with tx() as s:
         hold = api.create_hold(
             s,
-            run.account,
-            user=run.user,
-            job_id=run.job_id,
-            gpus=gpus,
-            seconds=seconds,
-            cluster=run.cluster,
-            run=run.run if hold_run is None else hold_run,
-            partition=run.partition,
-            at=at or run.start,
-            submitted_at=submitted_at,
+            api.HoldRequest(
+                run.account,
+                user=run.user,
+                job_id=run.job_id,
+                gpus=gpus,
+                seconds=seconds,
+                cluster=run.cluster,
+                run=run.run if hold_run is None else hold_run,
+                partition=run.partition,
+                at=at or run.start,
+                submitted_at=submitted_at,
+            ),
         )
         if settle_seconds is not None:
             assert run.start is not None

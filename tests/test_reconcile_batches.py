@@ -80,16 +80,18 @@ def settled(factory: sessionmaker[Session], run: SacctRun, seconds: int) -> int:
     with factory() as s, s.begin():
         hold = api.create_hold(
             s,
-            run.account,
-            user=run.user,
-            job_id=run.job_id,
-            gpus=dict(run.gpus),
-            seconds=7200,
-            cluster=run.cluster,
-            run=run.run,
-            partition=run.partition,
-            at=run.start,
-            submitted_at=run.submit,
+            api.HoldRequest(
+                run.account,
+                user=run.user,
+                job_id=run.job_id,
+                gpus=dict(run.gpus),
+                seconds=7200,
+                cluster=run.cluster,
+                run=run.run,
+                partition=run.partition,
+                at=run.start,
+                submitted_at=run.submit,
+            ),
         )
         api.settle_hold(s, hold.id, seconds, run.start + timedelta(seconds=seconds))
         return hold.id

@@ -488,7 +488,9 @@ def test_credit_use_counts_current_grants_and_held_credit_as_used(
         )
         api.grant(s, "physics", "70", effective_at=now + timedelta(days=2))  # not yet
         api.consume(s, "physics", "60")
-        api.create_hold(s, "physics", user="alice", job_id=1, gpus="h100:1", seconds=7200)  # holds 7.20
+        api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=1, gpus="h100:1", seconds=7200)
+        )  # holds 7.20
     with tx() as s:
         use = api.credit_use(s, "physics")
         later = api.credit_use(s, "physics", at=now + timedelta(days=3))

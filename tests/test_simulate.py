@@ -179,10 +179,10 @@ def test_bridge_never_settles_a_running_attempt_from_a_refused_one(tmp_path: Pat
         api.add_member(s, "alice", "physics")
         api.topup(s, "physics", "100", at=T0 - timedelta(days=1))
     with factory() as s, s.begin():
-        hold = api.create_hold(
-            s, "physics", user="alice", job_id=7, gpus={"a100": 1}, seconds=7200, cluster="sim",
+        hold = api.create_hold(s, api.HoldRequest(
+            "physics", user="alice", job_id=7, gpus={"a100": 1}, seconds=7200, cluster="sim",
             run=1, partition="gpu", at=T0 + timedelta(seconds=60), submitted_at=T0,
-        )  # fmt: skip
+        ))  # fmt: skip
     refused = _run(state="REQUEUED", run=0, account="physics", user="alice", gpus={"a100": 1},
                    submit=T0, start=T0, end=T0, elapsed_seconds=0)  # fmt: skip
     summary = reconcile_runs(factory, [refused], now=T0 + timedelta(hours=1))

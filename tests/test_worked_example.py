@@ -32,7 +32,10 @@ def test_worked_example(tx) -> None:
     # 1: 2×H100 for 2 h: hold 14.4, all earmarked on the promotion (it expires first).
     with tx() as s:
         h1 = api.create_hold(
-            s, "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200, cluster="lab", at=T
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1001, gpus="h100:2", seconds=7200, cluster="lab", at=T
+            ),
         )
     assert (h1.amount_ucredits, h1.rate_ucredits_per_hour) == (14_400_000, 7_200_000)
     with tx() as s:
@@ -43,7 +46,10 @@ def test_worked_example(tx) -> None:
     # 2: 2×A100 for 4 h is refused by the daily cap: 14.4 + 16.0 = 30.4 > 30.
     with tx() as s, pytest.raises(LimitExceeded) as refused:
         api.create_hold(
-            s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=4 * 3600, cluster="lab", at=T
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1002, gpus="a100:2", seconds=4 * 3600, cluster="lab", at=T
+            ),
         )
     assert refused.value.code == "daily_cap"
     assert refused.value.http_status == 429
@@ -53,7 +59,10 @@ def test_worked_example(tx) -> None:
     # 3: with 3 h it fits: hold 12.0 = 5.6 promotion + 6.4 top-up; alice burns 0.003111/s.
     with tx() as s:
         h2 = api.create_hold(
-            s, "physics", user="alice", job_id=1002, gpus="a100:2", seconds=3 * 3600, cluster="lab", at=T
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1002, gpus="a100:2", seconds=3 * 3600, cluster="lab", at=T
+            ),
         )
     assert h2.amount_ucredits == 12_000_000
     with tx() as s:
@@ -68,7 +77,10 @@ def test_worked_example(tx) -> None:
     # 4: one more H100 breaks the GPU cap (5 > 4) although rate and daily cap would pass.
     with tx() as s, pytest.raises(LimitExceeded) as refused:
         api.create_hold(
-            s, "physics", user="alice", job_id=1003, gpus="h100:1", seconds=3600, cluster="lab", at=T
+            s,
+            api.HoldRequest(
+                "physics", user="alice", job_id=1003, gpus="h100:1", seconds=3600, cluster="lab", at=T
+            ),
         )
     assert refused.value.code == "concurrent_gpus"
     assert (refused.value.details["value"], refused.value.details["cap"]) == (5, 4)

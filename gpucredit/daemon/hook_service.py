@@ -34,8 +34,7 @@ def hold(
 ) -> dict[str, Any]:
     """Reserve credit for one run, idempotently on (cluster, job_id, run); with
     `lease_seconds` (holds.mode = "lease") the hold covers that window (ledger.holds.leases)."""
-    account, arguments = _hold_arguments(request, grace_seconds, lease_seconds)
-    return api.create_hold(s, account, **arguments).as_dict()
+    return api.create_hold(s, _hold_request(request, grace_seconds, lease_seconds)).as_dict()
 
 
 def hold_together(
@@ -47,15 +46,13 @@ def hold_together(
     return {"holds": [hold.as_dict() for hold in api.create_holds_together(s, parts)]}
 
 
-def _parts(request: Mapping[str, Any], grace_seconds: int, lease_seconds: int | None) -> list[dict[str, Any]]:
+def _parts(
+    request: Mapping[str, Any], grace_seconds: int, lease_seconds: int | None
+) -> list[api.HoldRequest]:
     parts = request.get("parts")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
         raise InvalidInput("hold_together needs 'parts': a list of hold requests", code="invalid_request")
-    arguments = []
-    for part in parts:
-        account, keywords = _hold_arguments(part, grace_seconds, lease_seconds)
-        arguments.append({"account": account, **keywords})
-    return arguments
+    return [_hold_request(part, grace_seconds, lease_seconds) for part in parts]
 
 
 def part_accounts(request: Mapping[str, Any]) -> set[str]:
@@ -66,10 +63,10 @@ def part_accounts(request: Mapping[str, Any]) -> set[str]:
     return {p["account"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("account"), str)}
 
 
-def _hold_arguments(
+def _hold_request(
     request: Mapping[str, Any], grace_seconds: int, lease_seconds: int | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The prolog's request as `create_hold`'s account and keyword arguments."""
+) -> api.HoldRequest:
+    """The prolog's message as the ledger's hold request."""
     seconds = request.get("seconds")
     if seconds is None:
         raise InvalidInput(
@@ -77,7 +74,8 @@ def _hold_arguments(
             code="invalid_duration",
         )
     gpus = {str(k): int(v) for k, v in dict(request.get("gpus") or {}).items()}
-    return str(request["account"]), dict(
+    return api.HoldRequest(
+        str(request["account"]),
         user=str(request["user"]),
         job_id=int(request["job_id"]),
         gpus=gpus,
@@ -138,14 +136,14 @@ def apply_batch(
     thread, off the writer, which meanwhile starts the next batch."""
     answers: list[Answer | None] = [None] * len(requests)
     settles: list[tuple[int, tuple[str, int, datetime | None], Mapping[str, Any]]] = []
-    holds: list[tuple[int, tuple[str, dict[str, Any]]]] = []
+    holds: list[tuple[int, api.HoldRequest]] = []
     for i, (op, request) in enumerate(requests):
         try:
             if op == "settle":
                 attempt = (str(request["cluster"]), int(request["job_id"]), _time(request.get("submit")))
                 settles.append((i, attempt, request))
             elif op == "hold":
-                holds.append((i, _hold_arguments(request, grace_seconds, lease_seconds)))
+                holds.append((i, _hold_request(request, grace_seconds, lease_seconds)))
         except LedgerError as error:
             answers[i] = (None, error)
         except (KeyError, TypeError, ValueError):
@@ -158,7 +156,7 @@ def apply_batch(
     ]
     created, settled = api.apply_holds_and_settles(
         s,
-        [arguments for _, arguments in holds],
+        [hold_request for _, hold_request in holds],
         [(hold.id, *_settle_times(request, hold)) for _, hold, request in due],
         locked=locked.accounts if locked else None,
         read=[hold for _, hold, _ in due] if locked else None,

@@ -37,7 +37,7 @@ from ledger.holds.create import (
     hold_memo,
     run_conflict,
 )
-from ledger.holds.request import HoldRequest, hold_request, submit_time
+from ledger.holds.request import CheckedHoldRequest, HoldRequest, submit_time
 from ledger.holds.resolve import settlement_of
 from ledger.holds.state import HoldState, hold_query, to_state
 from ledger.pricing.prices import price_rows_query, price_table
@@ -63,12 +63,12 @@ __all__ = [
 
 def create_holds(
     s: Session,
-    requests: Sequence[tuple[str, dict[str, Any]]],
+    requests: Sequence[HoldRequest],
     *,
     locked: dict[int, LockedAccount] | None = None,
 ) -> list[Outcome]:
-    """`create_hold(s, account, **arguments)` for each (account, arguments), at once
-    (`locked`: see `apply_holds_and_settles`)."""
+    """`create_hold(s, request)` for each request, at once (`locked`: see
+    `apply_holds_and_settles`)."""
     return apply_holds_and_settles(s, requests, [], locked=locked)[0]
 
 
@@ -85,7 +85,7 @@ def settle_holds(
 
 def apply_holds_and_settles(
     s: Session,
-    holds: Sequence[tuple[str, dict[str, Any]]],
+    holds: Sequence[HoldRequest],
     settles: Sequence[tuple[int, int | str, datetime | None]],
     *,
     locked: dict[int, LockedAccount] | None = None,
@@ -95,7 +95,7 @@ def apply_holds_and_settles(
     """The settles, then the holds, as `settle_hold` and `create_hold` on each in turn
     would leave them, read and written together: one statement per table.
 
-    `holds` are (account, `create_hold`'s keyword arguments); `settles` are (hold id,
+    `holds` are `create_hold`'s requests; `settles` are (hold id,
     elapsed seconds, effective time or None). Returns each one's outcome, in order.
     `locked`: accounts this transaction has already locked (`lock_batch`), by id; when it
     holds every account concerned they are not locked again. Entries posted here advance
@@ -189,7 +189,7 @@ def apply_holds_and_settles(
         resolved.append({"id": hold.id, **values})
         settled[i] = dataclasses.replace(hold, **values)
 
-    planned: list[tuple[int, HoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
+    planned: list[tuple[int, CheckedHoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
     for i, req in checked.items():
         account = by_name[req.account]
         if account.id in capped:
@@ -219,7 +219,7 @@ def apply_holds_and_settles(
 def _write(
     s: Session,
     drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]],
-    planned: list[tuple[int, HoldRequest, LockedAccount, dict[str, Any], list[Any]]],
+    planned: list[tuple[int, CheckedHoldRequest, LockedAccount, dict[str, Any], list[Any]]],
     ids: list[int] | None,
     allocations: dict[int, dict[int, Allocation]],
     grants: dict[int, list[GrantState]],
@@ -291,16 +291,14 @@ def _settle_requests(
     return wanted
 
 
-def _hold_requests(
-    holds: Sequence[tuple[str, dict[str, Any]]], outcomes: list[Outcome]
-) -> dict[int, HoldRequest]:
+def _hold_requests(holds: Sequence[HoldRequest], outcomes: list[Outcome]) -> dict[int, CheckedHoldRequest]:
     """The holds checked and normalised, by index; a run's second request in the batch is
     left to create_hold, which replays or refuses it after the first."""
-    checked: dict[int, HoldRequest] = {}
+    checked: dict[int, CheckedHoldRequest] = {}
     runs: set[tuple[str, int, int]] = set()
-    for i, (account_name, arguments) in enumerate(holds):
+    for i, request in enumerate(holds):
         try:
-            req = hold_request(account_name, **arguments)
+            req = request.checked()
         except LedgerError as error:
             outcomes[i] = error
             continue

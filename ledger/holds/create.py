@@ -7,7 +7,7 @@ returns its hold; another request for a run that has one is `idempotency_conflic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from ledger.books.accounts import lock_account, lock_accounts
 from ledger.books.grants import GrantState, available_now, load_grants, save_grants, take_free
 from ledger.books.journal import Leg, LockedAccount, post
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LedgerError
-from ledger.holds.request import DEFAULT_GRACE_SECONDS, HoldRequest, hold_request
+from ledger.holds.request import CheckedHoldRequest, HoldRequest
 from ledger.holds.state import HoldState, find_hold
 from ledger.limits.rules import check_limits
 from ledger.money import charge_for, format_credits
@@ -66,7 +66,9 @@ def new_hold(s: Session, account: LockedAccount, request_hash: str, **fields: An
     return HoldState(id=hold_id, account=account.name, **values)
 
 
-def earmark(grants: list[GrantState], account: LockedAccount, req: HoldRequest, amount: int) -> list[Leg]:
+def earmark(
+    grants: list[GrantState], account: LockedAccount, req: CheckedHoldRequest, amount: int
+) -> list[Leg]:
     """Earmark `amount` in burn order from credit free at `req.at`, or refuse naming both."""
     available = available_now(grants, account, req.at)
     if amount > available:
@@ -85,12 +87,14 @@ def earmark(grants: list[GrantState], account: LockedAccount, req: HoldRequest, 
     return legs
 
 
-def hold_amount(req: HoldRequest, rate: int) -> int:
+def hold_amount(req: CheckedHoldRequest, rate: int) -> int:
     """What a new hold reserves at `rate` per hour."""
     return charge_for(rate, req.held_seconds)
 
 
-def hold_fields(req: HoldRequest, rate: int, unit_prices: dict[str, int], amount: int) -> dict[str, Any]:
+def hold_fields(
+    req: CheckedHoldRequest, rate: int, unit_prices: dict[str, int], amount: int
+) -> dict[str, Any]:
     """The new hold's columns (besides its account and charges)."""
     started_at = req.started_at or req.at
     return {
@@ -113,7 +117,7 @@ def hold_fields(req: HoldRequest, rate: int, unit_prices: dict[str, int], amount
     }
 
 
-def hold_memo(req: HoldRequest) -> dict[str, Any]:
+def hold_memo(req: CheckedHoldRequest) -> dict[str, Any]:
     return {
         "job": f"{req.cluster}/{req.job_id}/{req.run}",
         "gpus": format_gpus(req.gpus),
@@ -121,51 +125,19 @@ def hold_memo(req: HoldRequest) -> dict[str, Any]:
     }
 
 
-def create_hold(
-    s: Session,
-    account_name: str,
-    *,
-    user: str,
-    job_id: int,
-    gpus: str | dict[str, int],
-    seconds: int | str,
-    cluster: str = "default",
-    run: int = 0,
-    partition: str | None = None,
-    at: datetime | None = None,
-    grace_seconds: int = DEFAULT_GRACE_SECONDS,
-    started_at: datetime | None = None,
-    submitted_at: datetime | None = None,
-    output_path: str | None = None,
-    lease_seconds: int | None = None,
-) -> HoldState:
-    """Reserve credit for one run at effective time `at` (grants active then).
+def create_hold(s: Session, request: HoldRequest) -> HoldState:
+    """Reserve credit for one run at the request's effective time `at` (grants active then).
 
     `started_at` is when the run began by the scheduler's clock (default `at`); charges
     count seconds from it. Slurm's StartTime is whole seconds, so it can precede a
     top-up made a moment before submission: the credit check uses `at`, not it.
-    `submitted_at` is Slurm's SubmitTime of this attempt (see the module docstring).
+    `submitted_at` is Slurm's SubmitTime of this attempt (ledger.holds.state).
     The same rules serve many requests at once in `ledger.holds.batch.create_holds`.
     With `lease_seconds` (holds.mode = "lease") the hold covers that window of the time
     limit, and the meter renews it (`ledger.holds.leases`).
     """
-    req = hold_request(
-        account_name,
-        user=user,
-        job_id=job_id,
-        gpus=gpus,
-        seconds=seconds,
-        cluster=cluster,
-        run=run,
-        partition=partition,
-        at=at,
-        grace_seconds=grace_seconds,
-        started_at=started_at,
-        submitted_at=submitted_at,
-        output_path=output_path,
-        lease_seconds=lease_seconds,
-    )
-    account = lock_account(s, account_name)
+    req = request.checked()
+    account = lock_account(s, req.account)
     existing = same_run(s, req.cluster, req.job_id, req.run, req.submitted_at, req.digest)
     if existing is not None:
         return existing
@@ -187,30 +159,26 @@ def create_hold(
 MAX_PARTS_TOGETHER = 128
 
 
-def create_holds_together(s: Session, parts: Sequence[Mapping[str, Any]]) -> list[HoldState]:
+def create_holds_together(s: Session, parts: Sequence[HoldRequest]) -> list[HoldState]:
     """Holds for the parts of one heterogeneous job: every part's, or a refusal and none.
 
-    Each part is `create_hold`'s account and keywords (`{"account": ..., "user": ...}`),
-    checked against what the parts before it took (limits, credit), so parts that fit
-    alone but not together are refused. The accounts are locked first, in id order;
-    each part's money stays in its own account. Nothing is written on a refusal once the
-    caller rolls back (the daemon runs this in a SAVEPOINT); a repeat returns the holds
-    as first taken. Slurm runs PrologSlurmctld once per part, so without this one part
-    would run held while the next was refused, and the job would loop.
+    Each part is a `create_hold` request, checked against what the parts before it took
+    (limits, credit), so parts that fit alone but not together are refused. The accounts
+    are locked first, in id order; each part's money stays in its own account. Nothing is
+    written on a refusal once the caller rolls back (the daemon runs this in a SAVEPOINT);
+    a repeat returns the holds as first taken. Slurm runs PrologSlurmctld once per part,
+    so without this one part would run held while the next was refused, and the job
+    would loop.
     """
     if not 1 <= len(parts) <= MAX_PARTS_TOGETHER:
         raise InvalidInput(
             f"a job is held in 1 to {MAX_PARTS_TOGETHER} parts, not {len(parts)}", code="invalid_request"
         )
-    lock_accounts(s, {str(part["account"]) for part in parts})
-    holds = []
-    for part in parts:
-        arguments = dict(part)
-        holds.append(create_hold(s, str(arguments.pop("account")), **arguments))
-    return holds
+    lock_accounts(s, {part.account for part in parts})
+    return [create_hold(s, part) for part in parts]
 
 
-def hold_refusal(s: Session, parts: Sequence[Mapping[str, Any]]) -> LedgerError | None:
+def hold_refusal(s: Session, parts: Sequence[HoldRequest]) -> LedgerError | None:
     """The refusal `create_holds_together(parts)` would give now, or None if the holds
     would be taken: the same rules, tried in a SAVEPOINT that is always rolled back.
     What the daemon asks before it releases a held job (docs/design.md §3.2)."""

@@ -25,7 +25,7 @@ from ledger.books import idempotency
 from ledger.books.accounts import check_name, lock_account, lock_account_by_id
 from ledger.errors import NotFound
 from ledger.holds import create, resolve, usage
-from ledger.holds.request import DEFAULT_GRACE_SECONDS
+from ledger.holds.request import HoldRequest
 from ledger.pricing.prices import format_gpus, parse_gpus
 from ledger.store.tables import holds_t
 from ledger.timeutil import format_time, parse_seconds
@@ -33,57 +33,29 @@ from ledger.timeutil import format_time, parse_seconds
 __all__ = ["create_hold", "hold_usage", "release_hold", "settle_hold"]
 
 
-def create_hold(
-    s: Session,
-    account: str,
-    *,
-    user: str,
-    job_id: int,
-    gpus: str | dict[str, int],
-    seconds: int | str,
-    cluster: str = "default",
-    run: int = 0,
-    partition: str | None = None,
-    at: datetime | None = None,
-    grace_seconds: int = DEFAULT_GRACE_SECONDS,
-    submitted_at: datetime | None = None,
-    idempotency_key: str | None = None,
-) -> dict[str, Any]:
+def create_hold(s: Session, request: HoldRequest, *, idempotency_key: str | None = None) -> dict[str, Any]:
     """`create_hold`'s record; with a key, a repeat returns the hold as first created."""
-    check_name(user, "user")
-    request = {
-        "user": user,
-        "job_id": job_id,
-        "cluster": cluster,
-        "run": run,
-        "gpus": format_gpus(parse_gpus(gpus)),
-        "seconds": parse_seconds(seconds, field="seconds"),
-        "partition": partition,
-        "at": format_time(at),
-        "grace_seconds": grace_seconds,
-        "submitted_at": format_time(submitted_at),
+    check_name(request.user, "user")
+    body = {
+        "user": request.user,
+        "job_id": request.job_id,
+        "cluster": request.cluster,
+        "run": request.run,
+        "gpus": format_gpus(parse_gpus(request.gpus)),
+        "seconds": parse_seconds(request.seconds, field="seconds"),
+        "partition": request.partition,
+        "at": format_time(request.at),
+        "grace_seconds": request.grace_seconds,
+        "submitted_at": format_time(request.submitted_at),
     }
-    scope = lock_account(s, account).id
+    scope = lock_account(s, request.account).id
     return idempotency.once(
         s,
         scope,
         idempotency_key,
         "hold_create",
-        request,
-        lambda: create.create_hold(
-            s,
-            account,
-            user=user,
-            job_id=job_id,
-            gpus=gpus,
-            seconds=seconds,
-            cluster=cluster,
-            run=run,
-            partition=partition,
-            at=at,
-            grace_seconds=grace_seconds,
-            submitted_at=submitted_at,
-        ).as_dict(),
+        body,
+        lambda: create.create_hold(s, request).as_dict(),
     )
 
 

@@ -1,10 +1,12 @@
-"""A hold request, checked and normalised, with the digest that identifies its body:
-what `create_hold` and the batch's `create_holds` check before they lock anything.
+"""A hold request (`HoldRequest`), the one value every way of taking a hold shares, and
+the same request checked and normalised (`CheckedHoldRequest`), with the digest that
+identifies its body: what `create_hold` and the batch's `create_holds` check before they
+lock anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from ledger.books.accounts import check_name
@@ -38,83 +40,85 @@ def submit_time(submitted_at: datetime | None) -> datetime:
     return submitted_at.replace(microsecond=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HoldRequest:
-    """A hold request, checked and normalised, with the digest that identifies its body."""
+    """One run's hold request as its caller states it: the account to charge, the user,
+    the job run (`cluster`, `job_id`, `run`, and Slurm's SubmitTime of the attempt), its
+    GPUs ("h100:2,a100:1" or a mapping) and time limit, and when the hold takes effect.
+
+    The one value every way of taking a hold shares: `create_hold(s, request)`, a
+    heterogeneous job's parts (`create_holds_together`), the daemon's batches
+    (`create_holds`, `apply_holds_and_settles`), and the daemon's reading of a prolog's
+    message. `started_at` is when the run began by the scheduler's clock (default `at`,
+    which defaults to now); `lease_seconds` asks for a lease (ledger.holds.leases);
+    `output_path` is the run's StdOut, which the portal shows its owner.
+    """
 
     account: str
     user: str
+    job_id: int
+    gpus: str | dict[str, int]
+    seconds: int | str
+    cluster: str = "default"
+    run: int = 0
+    partition: str | None = None
+    at: datetime | None = None
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+    started_at: datetime | None = None
+    submitted_at: datetime | None = None
+    output_path: str | None = None
+    lease_seconds: int | None = None
+
+    def checked(self) -> CheckedHoldRequest:
+        """The request checked and normalised, with the digest that identifies its body
+        (what a repeat for the same run must match), before anything is locked."""
+        check_name(self.user, "user")
+        gpu_map = parse_gpus(self.gpus)
+        seconds = parse_seconds(self.seconds, field="seconds")
+        if seconds < 1:  # a hold for no time holds nothing, and its rate would be unbounded by its amount
+            raise InvalidInput(
+                "seconds: a hold needs a time limit of at least 1 second",
+                code="invalid_duration",
+                details={"field": "seconds", "value": seconds, "minimum": 1},
+            )
+        check_job(self.job_id, self.run)
+        body = {
+            "account": self.account,
+            "user": self.user,
+            "gpus": format_gpus(gpu_map),
+            "seconds": seconds,
+            "partition": self.partition,
+        }
+        at = self.at or utcnow()
+        return CheckedHoldRequest(
+            **{field.name: getattr(self, field.name) for field in fields(HoldRequest)}
+            | {
+                "gpus": gpu_map,
+                "seconds": seconds,
+                "at": at,
+                "submitted_at": submit_time(self.submitted_at),
+                "digest": request_hash("hold", body),
+                "lease_seconds": lease_window(seconds, self.lease_seconds),
+            }
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckedHoldRequest(HoldRequest):
+    """A `HoldRequest` checked and normalised (`HoldRequest.checked`): GPUs as a mapping,
+    the time limit in seconds, its effective and submit times set, the lease window it
+    records, and the digest of its body."""
+
     gpus: dict[str, int]
     seconds: int
-    cluster: str
-    job_id: int
-    run: int
-    partition: str | None
     at: datetime
-    grace_seconds: int
-    started_at: datetime | None
     submitted_at: datetime
-    output_path: str | None
     digest: str
-    lease_seconds: int | None = None  # lease mode's window (see lease_window); None: a full hold
 
     @property
     def held_seconds(self) -> int:
         """The seconds the hold pays for: its lease window, or the whole time limit."""
         return self.seconds if self.lease_seconds is None else self.lease_seconds
-
-
-def hold_request(
-    account_name: str,
-    *,
-    user: str,
-    job_id: int,
-    gpus: str | dict[str, int],
-    seconds: int | str,
-    cluster: str = "default",
-    run: int = 0,
-    partition: str | None = None,
-    at: datetime | None = None,
-    grace_seconds: int = DEFAULT_GRACE_SECONDS,
-    started_at: datetime | None = None,
-    submitted_at: datetime | None = None,
-    output_path: str | None = None,
-    lease_seconds: int | None = None,
-) -> HoldRequest:
-    check_name(user, "user")
-    gpu_map = parse_gpus(gpus)
-    seconds = parse_seconds(seconds, field="seconds")
-    if seconds < 1:  # a hold for no time holds nothing, and its rate would be unbounded by its amount
-        raise InvalidInput(
-            "seconds: a hold needs a time limit of at least 1 second",
-            code="invalid_duration",
-            details={"field": "seconds", "value": seconds, "minimum": 1},
-        )
-    check_job(job_id, run)
-    body = {
-        "account": account_name,
-        "user": user,
-        "gpus": format_gpus(gpu_map),
-        "seconds": seconds,
-        "partition": partition,
-    }
-    return HoldRequest(
-        account_name,
-        user,
-        gpu_map,
-        seconds,
-        cluster,
-        job_id,
-        run,
-        partition,
-        at or utcnow(),
-        grace_seconds,
-        started_at,
-        submit_time(submitted_at),
-        output_path,
-        request_hash("hold", body),
-        lease_window(seconds, lease_seconds),
-    )
 
 
 def lease_window(limit_seconds: int, lease_seconds: int | None) -> int | None:

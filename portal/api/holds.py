@@ -82,8 +82,7 @@ def reserve(call: Call) -> Any:
     body = call.body
     at = time_of(body, "at")
     with transaction() as s:
-        hold = api.keyed.create_hold(
-            s,
+        request = api.HoldRequest(
             body["account"],
             user=body["user"],
             job_id=body["job_id"],
@@ -93,8 +92,8 @@ def reserve(call: Call) -> Any:
             run=body.get("run", 0),
             partition=body.get("partition"),
             at=at,
-            idempotency_key=call.idempotency_key,
         )
+        hold = api.keyed.create_hold(s, request, idempotency_key=call.idempotency_key)
     return hold, 201
 
 
