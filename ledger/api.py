@@ -34,7 +34,8 @@ The parts:
                  PartitionOption                                    ledger.pricing.routing
     job_submit   Snapshot, SnapshotKeeper (its in-memory picture)   ledger.pricing.snapshot
     holds        create_hold(s, HoldRequest(...)), hold_usage, settle_hold, release_hold,
-                 adjust_hold, hold_refusal, record_unreserved_run, HoldState, UNKNOWN_SUBMIT
+                 adjust_hold, hold_refusal, record_unreserved_run, HoldState, HoldStatus,
+                 UNKNOWN_SUBMIT
                  get_hold, find_hold, find_active_hold, find_job_holds, list_holds,
                  holds_page, list_active_runs, ActiveRun            ledger.holds
     keyed        keyed.create_hold, keyed.hold_usage, keyed.settle_hold,
@@ -155,7 +156,7 @@ from ledger.pricing.routing import (
     route,
 )
 from ledger.pricing.snapshot import Snapshot, SnapshotKeeper
-from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.models import UNKNOWN_SUBMIT, HoldStatus
 from ledger.views.charge_counter import ChargeCounter, ChargeTotals
 from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.views.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
@@ -191,6 +192,7 @@ __all__ = [
     "FairnessInputs",
     "HoldRequest",
     "HoldState",
+    "HoldStatus",
     "JobRecord",
     "LockedBatch",
     "MemberEnforcement",

@@ -531,9 +531,13 @@ def hold_release(hold_id: int, at: str | None, idempotency_key: str | None, fmt:
     emit(hold, fmt, None if fmt == "json" else HOLD_COLUMNS)
 
 
+# HoldStatus.ALL, spelt out: the CLI builds its commands before it imports SQLAlchemy.
+HOLD_STATES = ["active", "settled", "released", "expired"]
+
+
 @hold_group.command("list")
 @click.option("--account", default=None)
-@click.option("--state", type=click.Choice(["active", "settled", "released", "expired"]), default=None)
+@click.option("--state", type=click.Choice(HOLD_STATES), default=None)
 @format_option
 @ledger_command
 def hold_list(account: str | None, state: str | None, fmt: str) -> None:

@@ -335,3 +335,12 @@ def test_balance_formats_and_worked_example_via_cli(gc) -> None:
     )
     assert (quote["cost"], quote["available"], quote["affordable"]) == ("14.40", "116.40", True)
     assert gc("audit", "verify").output == "ok: 2 accounts, 4 entries, 0 problems\n"
+
+
+def test_the_hold_lists_state_choices_are_the_hold_states() -> None:
+    """`hold list --state` spells the states out (the CLI builds its commands before it
+    imports SQLAlchemy), so it is checked against the one list, HoldStatus.ALL."""
+    from ledger.cli import HOLD_STATES
+    from ledger.store.models import HoldStatus
+
+    assert tuple(HOLD_STATES) == HoldStatus.ALL

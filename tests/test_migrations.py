@@ -52,3 +52,30 @@ def test_a_hold_from_before_0004_keeps_its_identity_on_sqlite(tmp_path) -> None:
     with engine.connect() as c:
         assert c.exec_driver_sql("SELECT hold_id, grant_id FROM hold_allocations").all() == [(1, 1)]
     engine.dispose()
+
+
+def test_the_database_holds_exactly_the_hold_states(db_url: str) -> None:
+    """holds.state's CHECK, as the migrations wrote it, admits every HoldStatus and no
+    other word: the one list in the code is the one in the database."""
+    import pytest
+    from sqlalchemy.exc import IntegrityError
+
+    from ledger import api
+    from ledger.store.db import make_sessionmaker
+    from ledger.store.models import HoldStatus
+
+    engine = make_engine(db_url)
+    sessions = make_sessionmaker(engine)
+    with sessions() as s, s.begin():
+        api.set_price(s, "h100", "3.60")
+        api.create_account(s, "physics")
+        api.topup(s, "physics", "10")
+        hold = api.create_hold(
+            s, api.HoldRequest("physics", user="alice", job_id=1, gpus="h100:1", seconds=60)
+        )
+    for state in HoldStatus.ALL:
+        with sessions() as s, s.begin():
+            s.connection().exec_driver_sql(f"UPDATE holds SET state = '{state}' WHERE id = {hold.id}")
+    with pytest.raises(IntegrityError), sessions() as s, s.begin():
+        s.connection().exec_driver_sql(f"UPDATE holds SET state = 'paused' WHERE id = {hold.id}")
+    engine.dispose()

@@ -316,7 +316,7 @@ def plan_run(
         flags.append("never_ran")
         if hold is None:
             return Plan("not_charged", tuple(flags), None, 0)
-        if hold.state == "active":
+        if hold.state == api.HoldStatus.ACTIVE:
             return Plan("release", tuple(flags), hold, 0)
         action = "matched" if hold.charged_ucredits == 0 else "adjust"
         return Plan(action, tuple(flags), hold, 0)
@@ -335,7 +335,7 @@ def plan_run(
         rate, rate_flags = _rate(run, hold, price_of)
         flags.extend(rate_flags)
         expected = api.charge_for(rate, run.elapsed_seconds)
-    if hold.state == "active":
+    if hold.state == api.HoldStatus.ACTIVE:
         assert run.end is not None  # only final runs are planned
         if run.end > now - timedelta(seconds=policy.epilog_grace_seconds):
             return Plan("wait", tuple(flags), hold, expected)

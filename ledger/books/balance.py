@@ -19,6 +19,7 @@ from ledger.books.checkpoints import sums_at
 from ledger.books.grants import load_grants
 from ledger.errors import NotFound
 from ledger.money import format_credits
+from ledger.store.models import HoldStatus
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import accounts_t, grants_t, holds_t
 from ledger.timeutil import format_time, utcnow
@@ -136,6 +137,6 @@ def account_summary(s: Session, account: str) -> dict[str, Any]:
     active = s.execute(
         select(func.count())
         .select_from(holds_t)
-        .where(holds_t.c.account_id == row.id, holds_t.c.state == "active")
+        .where(holds_t.c.account_id == row.id, holds_t.c.state == HoldStatus.ACTIVE)
     ).scalar_one()
     return {**balance(s, account), "active_holds": int(active), "entries": row.entry_count}

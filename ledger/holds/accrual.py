@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from ledger.holds.state import HoldState
 from ledger.money import charge_for
+from ledger.store.models import HoldStatus
 from ledger.store.tables import accounts_t, holds_t
 from ledger.timeutil import as_utc, day_bounds
 
@@ -134,7 +135,7 @@ def cost_so_far(hold: HoldState, at: datetime) -> int:
     seconds = seconds_run(hold.started_at, hold.limit_seconds, at)
     if hold.accrues_to_seconds is not None:  # a hold the meter never saw: the page reads it to now
         seconds = min(seconds, hold.accrues_to_seconds)
-    if hold.state != "active":
+    if hold.state != HoldStatus.ACTIVE:
         return hold.charged_ucredits
     return max(hold.charged_ucredits, charge_for(hold.rate_ucredits_per_hour, seconds))
 
@@ -171,7 +172,7 @@ def accruals(
             holds_t.c.accrues_to_seconds,
         )
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-        .where(holds_t.c.state == "active", holds_t.c.accrues_to_seconds.is_not(None))
+        .where(holds_t.c.state == HoldStatus.ACTIVE, holds_t.c.accrues_to_seconds.is_not(None))
         .order_by(holds_t.c.id)
     )
     if account_ids is not None:
@@ -218,7 +219,7 @@ def set_accrual(s: Session, changes: Sequence[tuple[int, int]]) -> int:
         for first in range(0, len(ids), 1000):
             result = s.execute(
                 update(holds_t)
-                .where(holds_t.c.id.in_(ids[first : first + 1000]), holds_t.c.state == "active")
+                .where(holds_t.c.id.in_(ids[first : first + 1000]), holds_t.c.state == HoldStatus.ACTIVE)
                 .values(accrues_to_seconds=seconds)
             )
             changed += int(getattr(result, "rowcount", 0) or 0)

@@ -43,7 +43,7 @@ from ledger.holds.state import HoldState, hold_query, to_state
 from ledger.pricing.prices import price_rows_query, price_table
 from ledger.store.bulk import among as bulk_among
 from ledger.store.bulk import among_pairs, deferred_writes, insert_rows, pair_params, select_many, update_rows
-from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.models import UNKNOWN_SUBMIT, HoldStatus
 from ledger.store.tables import accounts_t, allocations_t, grants_t, holds_t, limits_t
 from ledger.timeutil import parse_seconds
 
@@ -131,7 +131,7 @@ def apply_holds_and_settles(
     charges = []  # (index, hold, settlement)
     for hold in sorted(read, key=lambda h: wanted[h.id][0]):
         i, seconds, at = wanted[hold.id]
-        if hold.state != "active" or hold.account_id not in accounts:
+        if hold.state != HoldStatus.ACTIVE or hold.account_id not in accounts:
             continue  # a repeat replays, a resolved hold conflicts: settle_hold says which
         settlement = settlement_of(hold, seconds, at)
         if settlement["target_ucredits"] < hold.charged_ucredits:
@@ -236,7 +236,7 @@ def _write(
                 "charged_ucredits": 0,
                 "charged_seconds": 0,
                 "debt_ucredits": 0,
-                "state": "active",
+                "state": HoldStatus.ACTIVE,
                 "resolved_at": None,
                 **fields,
                 "request_hash": req.digest,
@@ -264,7 +264,7 @@ def _write(
                 charged_ucredits=0,
                 charged_seconds=0,
                 debt_ucredits=0,
-                state="active",
+                state=HoldStatus.ACTIVE,
                 resolved_at=None,
                 **fields,
             )
@@ -396,7 +396,7 @@ def active_holds_among(
     of the attempts' jobs): the newest active one of that submit time, or of any."""
     newest: dict[tuple[str, int], list[HoldState]] = {}
     for hold in sorted(holds, key=lambda hold: -hold.id):
-        if hold.state == "active":
+        if hold.state == HoldStatus.ACTIVE:
             newest.setdefault((hold.cluster, hold.job_id), []).append(hold)
     found: list[HoldState | None] = []
     for cluster, job_id, submitted_at in attempts:

@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput
 from ledger.money import charge_for, format_credits, parse_credits
+from ledger.store.models import HoldStatus
 from ledger.timeutil import parse_time
 
 __all__ = [
@@ -357,6 +358,6 @@ def current_outage_bound(
             charged_ucredits=hold.charged_ucredits,
             started_at=hold.started_at,
         )
-        for hold in list_holds(s, state="active", limit=1_000_000)
+        for hold in list_holds(s, state=HoldStatus.ACTIVE, limit=1_000_000)
     ]
     return outage_bound(settings, outage_seconds, running, account_names(s), now)

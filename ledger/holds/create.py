@@ -23,6 +23,7 @@ from ledger.holds.state import HoldState, find_hold
 from ledger.limits.rules import check_limits
 from ledger.money import charge_for, format_credits
 from ledger.pricing.prices import format_gpus, rate_for
+from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
 
 
@@ -56,7 +57,7 @@ def new_hold(s: Session, account: LockedAccount, request_hash: str, **fields: An
         "charged_ucredits": 0,
         "charged_seconds": 0,
         "debt_ucredits": 0,
-        "state": "active",
+        "state": HoldStatus.ACTIVE,
         "resolved_at": None,
         **fields,
     }

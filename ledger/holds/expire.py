@@ -16,6 +16,7 @@ from ledger.books.accounts import lock_account
 from ledger.books.grants import expire_grants, pay_debt
 from ledger.holds.resolve import release_hold
 from ledger.money import format_credits
+from ledger.store.models import HoldStatus
 from ledger.store.tables import accounts_t, holds_t
 from ledger.timeutil import format_time, utcnow
 
@@ -27,11 +28,15 @@ def expire_holds(s: Session, account_name: str, at: datetime) -> list[int]:
         s.execute(
             select(holds_t.c.id)
             .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-            .where(accounts_t.c.name == account_name, holds_t.c.state == "active", holds_t.c.expires_at <= at)
+            .where(
+                accounts_t.c.name == account_name,
+                holds_t.c.state == HoldStatus.ACTIVE,
+                holds_t.c.expires_at <= at,
+            )
         ).scalars()
     )
     for hold_id in ids:
-        release_hold(s, hold_id, at, state="expired")
+        release_hold(s, hold_id, at, state=HoldStatus.EXPIRED)
     return ids
 
 

@@ -34,6 +34,7 @@ from ledger.holds.request import lease_window
 from ledger.holds.state import HoldState, hold_query, to_state
 from ledger.limits.rules import check_limits
 from ledger.money import charge_for, format_credits
+from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
 
 __all__ = [
@@ -123,7 +124,7 @@ def renew_leases(
         for row in s.execute(
             hold_query().where(
                 holds_t.c.account_id == account.id,
-                holds_t.c.state == "active",
+                holds_t.c.state == HoldStatus.ACTIVE,
                 holds_t.c.id.in_(sorted(wanted)),
                 holds_t.c.lease_seconds.is_not(None),
             )

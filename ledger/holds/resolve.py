@@ -14,6 +14,7 @@ from ledger.errors import Conflict
 from ledger.holds.charges import apply_charge
 from ledger.holds.state import HoldState, lock_hold
 from ledger.money import charge_for
+from ledger.store.models import HoldStatus
 from ledger.timeutil import parse_seconds, utcnow
 
 
@@ -23,8 +24,8 @@ def settle_hold(
     """Final charge for the run's elapsed seconds; the rest of the hold returns. Exactly once."""
     elapsed = parse_seconds(elapsed_seconds, field="elapsed")
     account, hold = lock_hold(s, hold_id)
-    if hold.state != "active":
-        if hold.state == "settled" and hold.charged_seconds == elapsed:
+    if hold.state != HoldStatus.ACTIVE:
+        if hold.state == HoldStatus.SETTLED and hold.charged_seconds == elapsed:
             return hold
         raise Conflict(
             f"hold {hold_id} is already {hold.state}; it resolves exactly once",
@@ -41,16 +42,16 @@ def settlement_of(hold: HoldState, elapsed: int, at: datetime | None) -> dict[st
         "at": at or hold.started_at + timedelta(seconds=elapsed),
         "target_ucredits": charge_for(hold.rate_ucredits_per_hour, elapsed),
         "seconds": elapsed,
-        "new_state": "settled",
+        "new_state": HoldStatus.SETTLED,
     }
 
 
 def release_hold(
-    s: Session, hold_id: int, at: datetime | None = None, *, state: str = "released"
+    s: Session, hold_id: int, at: datetime | None = None, *, state: str = HoldStatus.RELEASED
 ) -> HoldState:
     """Void the rest of a hold (charges already posted stay). Repeats are harmless."""
     account, hold = lock_hold(s, hold_id)
-    if hold.state != "active":
+    if hold.state != HoldStatus.ACTIVE:
         if hold.state == state:
             return hold
         raise Conflict(
@@ -62,7 +63,7 @@ def release_hold(
         s,
         account,
         hold,
-        kind="release" if state == "released" else "expire",
+        kind="release" if state == HoldStatus.RELEASED else "expire",
         at=at or utcnow(),
         target_ucredits=hold.charged_ucredits,
         seconds=None,

@@ -23,7 +23,7 @@ from ledger.books.journal import LockedAccount
 from ledger.errors import NotFound
 from ledger.holds.request import submit_time
 from ledger.money import format_credits, format_rate
-from ledger.store.models import UNKNOWN_SUBMIT
+from ledger.store.models import UNKNOWN_SUBMIT, HoldStatus
 from ledger.store.tables import accounts_t, holds_t
 from ledger.timeutil import aware_utc, format_time
 
@@ -132,7 +132,7 @@ def find_active_hold(
     policy accept) must not settle it. Without one, the newest active hold.
     """
     query = hold_query().where(
-        holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == "active"
+        holds_t.c.cluster == cluster, holds_t.c.job_id == job_id, holds_t.c.state == HoldStatus.ACTIVE
     )
     if submitted_at is not None:
         query = query.where(holds_t.c.submitted_at.in_([submit_time(submitted_at), UNKNOWN_SUBMIT]))
@@ -222,7 +222,7 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
             holds_t.c.accrues_to_seconds,
         )
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-        .where(holds_t.c.state == "active")
+        .where(holds_t.c.state == HoldStatus.ACTIVE)
         .order_by(holds_t.c.id)
         .limit(limit)
     )

@@ -34,6 +34,7 @@ from ledger.holds.state import HoldState, hold_query
 from ledger.money import charge_for
 from ledger.pricing.prices import format_gpus, load_price_table, parse_gpus, rate_for
 from ledger.store.bulk import insert_rows, update_rows
+from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
 from ledger.timeutil import format_time, parse_seconds
 
@@ -142,7 +143,7 @@ def record_unreserved_runs(s: Session, runs: Sequence[UnreservedRun]) -> list[Ho
             "charged_ucredits": 0,
             "charged_seconds": 0,
             "debt_ucredits": 0,
-            "state": "active",
+            "state": HoldStatus.ACTIVE,
             "resolved_at": None,
             "user": run.user,
             "cluster": run.cluster,
@@ -217,7 +218,7 @@ def _insert_and_settle(
             at=ended_at,
             target_ucredits=values["amount_ucredits"],
             seconds=c.elapsed,
-            new_state="settled",
+            new_state=HoldStatus.SETTLED,
             memo={"unreserved": True},
         )
         assert not unplaced  # a charge draws; only a refund can leave credit unplaced
@@ -329,6 +330,6 @@ def record_unreserved_run(
         at=ended_at,
         target_ucredits=amount,
         seconds=elapsed,
-        new_state="settled",
+        new_state=HoldStatus.SETTLED,
         memo={"unreserved": True},
     )

@@ -19,6 +19,7 @@ from ledger.holds.charges import Allocation, apply_charge, draw, save_allocation
 from ledger.holds.state import HoldState, hold_query, lock_hold, to_state
 from ledger.money import charge_for
 from ledger.store.bulk import update_rows
+from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
 from ledger.timeutil import parse_seconds
 
@@ -30,7 +31,7 @@ def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str, at: datetim
     """Provisional charge for the seconds run so far; never moves backwards."""
     elapsed = parse_seconds(elapsed_seconds, field="elapsed")
     account, hold = lock_hold(s, hold_id)
-    if hold.state != "active":
+    if hold.state != HoldStatus.ACTIVE:
         raise Conflict(
             f"hold {hold_id} is {hold.state}; usage can only be charged on an active hold",
             code="hold_resolved",
@@ -82,7 +83,7 @@ def hold_usage_many(
         for hold in (
             to_state(row)
             for row in s.execute(
-                hold_query().where(holds_t.c.account_id == account.id, holds_t.c.state == "active")
+                hold_query().where(holds_t.c.account_id == account.id, holds_t.c.state == HoldStatus.ACTIVE)
             )
         )
         if hold.id in wanted
@@ -105,7 +106,7 @@ def hold_usage_many(
     for row in s.execute(
         select(allocations_t)
         .join(holds_t, holds_t.c.id == allocations_t.c.hold_id)
-        .where(holds_t.c.account_id == account.id, holds_t.c.state == "active")
+        .where(holds_t.c.account_id == account.id, holds_t.c.state == HoldStatus.ACTIVE)
     ):
         if row.hold_id in allocations:
             allocations[row.hold_id][row.grant_id] = Allocation(

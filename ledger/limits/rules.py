@@ -22,6 +22,7 @@ from ledger.books.journal import REVENUE, LockedAccount
 from ledger.errors import LimitExceeded
 from ledger.limits.caps import Limits, limits_of
 from ledger.money import format_credits, format_rate
+from ledger.store.models import HoldStatus
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import entries_t, holds_t, limits_t, postings_t
 from ledger.timeutil import day_bounds
@@ -34,7 +35,7 @@ def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tup
         func.coalesce(func.sum(holds_t.c.gpu_count), 0),
         *split_sum(holds_t.c.rate_ucredits_per_hour),
         *split_sum(case((uncharged > 0, uncharged), else_=0)),
-    ).where(holds_t.c.account_id == account_id, holds_t.c.state == "active")
+    ).where(holds_t.c.account_id == account_id, holds_t.c.state == HoldStatus.ACTIVE)
     if user is not None:
         query = query.where(holds_t.c.user == user)
     gpus, rate_high, rate_low, held_high, held_low = s.execute(query).one()
@@ -95,7 +96,7 @@ def capped_usage(s: Session, at: datetime) -> dict[tuple[int, str | None], Usage
             func.sum(holds_t.c.rate_ucredits_per_hour),
             func.sum(case((uncharged > 0, uncharged), else_=0)),
         )
-        .where(holds_t.c.state == "active", holds_t.c.account_id.in_(capped))
+        .where(holds_t.c.state == HoldStatus.ACTIVE, holds_t.c.account_id.in_(capped))
         .group_by(holds_t.c.account_id, holds_t.c.user)
     )
     for account_id, user, gpus, rate, held in holds:

@@ -12,7 +12,7 @@ Two kinds of rows live here:
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, cast
+from typing import Annotated, Final, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -179,6 +179,23 @@ class Grant(Base):
     entry_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class HoldStatus:
+    """A hold's state (`holds.state`): `active` until it resolves, exactly once, as
+    `settled` (charged for the seconds the run used), `released` (the rest voided) or
+    `expired` (past its time limit and grace). Plain strings, as they are stored and
+    shown: the bulk writes' fast path, the JSON records and the idempotency results all
+    take them as they are."""
+
+    ACTIVE: Final = "active"
+    SETTLED: Final = "settled"
+    RELEASED: Final = "released"
+    EXPIRED: Final = "expired"
+    ALL: Final = (ACTIVE, SETTLED, RELEASED, EXPIRED)
+
+
+_ACTIVE_HOLD_SQL = f"state = '{HoldStatus.ACTIVE}'"
+
+
 class Hold(Base):
     """A reservation for one job run: a pending transfer that resolves exactly once."""
 
@@ -187,15 +204,15 @@ class Hold(Base):
         # One attempt of one job incarnation: Slurm reuses job ids, and resets SubmitTime
         # on every requeue, so the attempt's submit time tells two jobs with one id apart.
         UniqueConstraint("cluster", "job_id", "run", "submitted_at"),
-        CheckConstraint("state IN ('active', 'settled', 'released', 'expired')", name="state"),
+        CheckConstraint(f"state IN ({', '.join(repr(state) for state in HoldStatus.ALL)})", name="state"),
         CheckConstraint("amount_ucredits >= 0 AND charged_ucredits >= 0", name="amounts"),
         Index(None, "account_id", "state"),
         # The meter and the sweep read every active hold each tick (migration 0003).
         Index(
             "ix_holds_active",
             "id",
-            postgresql_where=text("state = 'active'"),
-            sqlite_where=text("state = 'active'"),
+            postgresql_where=text(_ACTIVE_HOLD_SQL),
+            sqlite_where=text(_ACTIVE_HOLD_SQL),
         ),
     )
 

@@ -25,6 +25,7 @@ from ledger.errors import InvalidInput
 from ledger.holds.accrual import seconds_run
 from ledger.money import div_round_half_up
 from ledger.pricing.prices import check_gres, parse_pairs
+from ledger.store.models import HoldStatus
 from ledger.store.tables import accounts_t, gpu_usage_t, holds_t, job_runs_t
 from ledger.timeutil import utcnow
 
@@ -178,7 +179,7 @@ def _runs(
         .where(
             or_(
                 holds_t.c.charged_seconds > 0,
-                and_(holds_t.c.state == "active", holds_t.c.accrues_to_seconds.is_not(None)),
+                and_(holds_t.c.state == HoldStatus.ACTIVE, holds_t.c.accrues_to_seconds.is_not(None)),
             )
         )
     )
@@ -197,7 +198,7 @@ def _runs(
         slurm = slurm.where(job_runs_t.c.start_at < end)
     for row in s.execute(holds):
         seconds = row.charged_seconds
-        if row.state == "active" and row.accrues_to_seconds is not None:
+        if row.state == HoldStatus.ACTIVE and row.accrues_to_seconds is not None:
             run_so_far = seconds_run(row.started_at, row.limit_seconds, now)
             seconds = max(seconds, min(run_so_far, row.accrues_to_seconds))
         if seconds > 0:

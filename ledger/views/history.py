@@ -21,6 +21,7 @@ from ledger.books.journal import REVENUE
 from ledger.errors import NotFound
 from ledger.holds.state import HoldState, get_hold
 from ledger.money import format_credits
+from ledger.store.models import HoldStatus
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import accounts_t, entries_t, holds_t, job_runs_t, postings_t
 from ledger.timeutil import format_time
@@ -61,7 +62,7 @@ class RunningTotals(NamedTuple):
 
 
 _run_status = case(
-    (holds_t.c.state == "active", "running"),
+    (holds_t.c.state == HoldStatus.ACTIVE, "running"),
     (job_runs_t.c.state.is_not(None), func.lower(job_runs_t.c.state)),
     else_=holds_t.c.state,
 ).label("status")
@@ -205,7 +206,7 @@ def running_totals(s: Session, account: str) -> RunningTotals:
         )
         .select_from(holds_t)
         .join(accounts_t, accounts_t.c.id == holds_t.c.account_id)
-        .where(accounts_t.c.name == account, holds_t.c.state == "active")
+        .where(accounts_t.c.name == account, holds_t.c.state == HoldStatus.ACTIVE)
     ).one()
     return RunningTotals(int(jobs), int(gpus), joined(rate_high, rate_low))
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ledger.books.balance import available_credit
 from ledger.money import UCREDITS_PER_CREDIT
+from ledger.store.models import HoldStatus
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import accounts_t, grants_t, holds_t, members_t
 
@@ -53,7 +54,7 @@ def account_totals(s: Session, at: datetime) -> list[AccountTotals]:
         account_id: int(count)
         for account_id, count in s.execute(
             select(holds_t.c.account_id, func.count())
-            .where(holds_t.c.state == "active")
+            .where(holds_t.c.state == HoldStatus.ACTIVE)
             .group_by(holds_t.c.account_id)
         )
     }

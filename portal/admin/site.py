@@ -94,7 +94,7 @@ def holds(error: LedgerError | None = None) -> Any:
     before = row_id(request.args.get("before"), "before")
     size = _page_size()
     with transaction() as s:
-        page = api.holds_page(s, state="active", before_id=before, limit=size + 1)
+        page = api.holds_page(s, state=api.HoldStatus.ACTIVE, before_id=before, limit=size + 1)
     return render_template(
         "admin/holds.html",
         holds=[hold.as_dict() for hold in page[:size]],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ledger import api
+
 Schema = dict[str, Any]
 
 MAX_ID = 2**31 - 1  # ids are 32-bit integers on PostgreSQL
@@ -62,7 +64,7 @@ GPUS: Schema = {
 TEXT: Schema = {"type": "string", "pattern": r"^[^\x00-\x1f\x7f]*$", "maxLength": 256}
 SECONDS: Schema = {"type": "integer", "minimum": 0, "maximum": 366 * 24 * 3600}
 ID: Schema = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
-HOLD_STATE: Schema = {"type": "string", "enum": ["active", "settled", "released", "expired"]}
+HOLD_STATE: Schema = {"type": "string", "enum": list(api.HoldStatus.ALL)}
 
 COMPONENTS: dict[str, Schema] = {
     "Error": obj(
