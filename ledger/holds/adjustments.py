@@ -36,7 +36,7 @@ from ledger.books.grants import (
 )
 from ledger.books.journal import REVENUE, EntryDraft, Leg, LockedAccount, post, post_batch
 from ledger.errors import InvalidInput, NotFound
-from ledger.holds.charges import Allocation, apply_charge, draw, refund, save_allocations_many
+from ledger.holds.charges import Allocation, Charge, apply_charge, draw, refund, save_allocations_many
 from ledger.holds.state import HoldState, get_hold, hold_query, lock_hold, to_state
 from ledger.money import format_credits, parse_credits
 from ledger.store.bulk import update_rows
@@ -302,13 +302,13 @@ def adjust_hold(
         s,
         account,
         hold,
-        kind="adjust",
-        at=at or utcnow(),
-        target_ucredits=target_ucredits,
-        seconds=None,
-        new_state=None,
-        links_entry_id=links_entry_id,
-        memo={"reason": reason} if reason else None,
+        Charge(
+            kind="adjust",
+            at=at or utcnow(),
+            target_ucredits=target_ucredits,
+            links_entry_id=links_entry_id,
+            memo={"reason": reason} if reason else None,
+        ),
     )
 
 

@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session
 
 from ledger.books.accounts import lock_accounts, lock_query, no_account
 from ledger.books.grants import GrantState, grants_by_account
-from ledger.books.journal import EntryDraft, LockedAccount, post_batch
+from ledger.books.journal import EntryDraft, Leg, LockedAccount, post_batch
 from ledger.errors import LedgerError
-from ledger.holds.charges import Allocation, plan_charge, save_allocations_many
+from ledger.holds.charges import Allocation, Charge, plan_charge, save_allocations_many
 from ledger.holds.create import (
     earmark,
     earmark_rows,
@@ -109,87 +109,167 @@ def apply_holds_and_settles(
     checked = _hold_requests(holds, created)
     if not wanted and not checked:
         return created, settled
-    accounts = dict(locked or {})
-    names = {req.account for req in checked.values()}
-    read = [hold for hold in read if hold.id in wanted] if read is not None else _read_holds(s, wanted)
-    if any(hold.account_id not in accounts for hold in read) or not names <= {
-        a.name for a in accounts.values()
-    }:
-        # Lock what is not locked yet (by id: see `lock_batch`), then read the holds under it.
-        fresh = lock_accounts(s, names, sorted({hold.account_id for hold in read}) or None)
+    accounts, read, relocked = _lock(s, wanted, {req.account for req in checked.values()}, locked, read)
+    if relocked:
         prefetched = None  # read before these accounts were locked: read again
-        accounts.update(fresh)
-        if locked is not None:
-            locked.update(fresh)
-        read = _read_holds(s, wanted)
     by_name = {a.name: a for a in accounts.values()}
     for i, req in list(checked.items()):
         if req.account not in by_name:
             created[i] = no_account(req.account)
             del checked[i]
+    charges = _settlements(read, wanted, accounts)
+    fetched = _reads(s, checked, charges, by_name, prefetched)
+    plan = _Plan(_allocations(charges, fetched), grants_by_account(fetched.get("grants", [])))
+    _plan_settles(plan, charges, accounts, settled)
+    _plan_holds(plan, checked, by_name, fetched, created)
+    with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
+        ids = [row.id for row in fetched["hold_ids"]] if "hold_ids" in fetched else None
+        _write(s, plan, ids, created)
+    return created, settled
 
-    charges = []  # (index, hold, settlement)
+
+@dataclasses.dataclass
+class _Plan:
+    """What one `apply_holds_and_settles` will write, planned in memory under the locks:
+    each account's entries, the settled holds' new columns, the new holds, and the
+    allocations and grants both change."""
+
+    allocations: dict[int, dict[int, Allocation]]
+    grants: dict[int, list[GrantState]]
+    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = dataclasses.field(default_factory=dict)
+    resolved: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # (index, request, account, the new hold's columns, its 'hold' entry's legs)
+    new: list[tuple[int, CheckedHoldRequest, LockedAccount, dict[str, Any], list[Leg]]] = dataclasses.field(
+        default_factory=list
+    )
+
+    def post(self, account: LockedAccount, draft: EntryDraft) -> None:
+        """Add an entry to `account`'s, in the order planned."""
+        self.drafts.setdefault(account.id, (account, []))[1].append(draft)
+
+
+def _lock(
+    s: Session,
+    wanted: dict[int, tuple[int, int, datetime | None]],
+    names: set[str],
+    locked: dict[int, LockedAccount] | None,
+    read: Sequence[HoldState] | None,
+) -> tuple[dict[int, LockedAccount], list[HoldState], bool]:
+    """The batch's accounts, locked, and its settled holds as read under the locks: those of
+    `locked` and `read` when they cover the batch; else what is missing is locked now (by
+    id: see `lock_batch`; added to `locked`) and the holds are read again, and the last
+    value is True."""
+    accounts = dict(locked or {})
+    holds = [hold for hold in read if hold.id in wanted] if read is not None else _read_holds(s, wanted)
+    if all(hold.account_id in accounts for hold in holds) and names <= {a.name for a in accounts.values()}:
+        return accounts, holds, False
+    fresh = lock_accounts(s, names, sorted({hold.account_id for hold in holds}) or None)
+    accounts.update(fresh)
+    if locked is not None:
+        locked.update(fresh)
+    return accounts, _read_holds(s, wanted), True
+
+
+def _settlements(
+    read: Sequence[HoldState],
+    wanted: dict[int, tuple[int, int, datetime | None]],
+    accounts: dict[int, LockedAccount],
+) -> list[tuple[int, HoldState, Charge]]:
+    """The settles this batch does, in the order given: (index, hold, its settlement)."""
+    charges = []
     for hold in sorted(read, key=lambda h: wanted[h.id][0]):
         i, seconds, at = wanted[hold.id]
         if hold.state != HoldStatus.ACTIVE or hold.account_id not in accounts:
             continue  # a repeat replays, a resolved hold conflicts: settle_hold says which
         settlement = settlement_of(hold, seconds, at)
-        if settlement["target_ucredits"] < hold.charged_ucredits:
+        if settlement.target_ucredits < hold.charged_ucredits:
             continue  # a refund may become a refund grant: settle_hold does it
         charges.append((i, hold, settlement))
-    allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for _, hold, _ in charges}
+    return charges
+
+
+def _reads(
+    s: Session,
+    checked: dict[int, CheckedHoldRequest],
+    charges: list[tuple[int, HoldState, Charge]],
+    by_name: dict[str, LockedAccount],
+    prefetched: dict[str, list[Any]] | None,
+) -> dict[str, list[Any]]:
+    """What the batch reads under its locks: the settled holds' allocations, which new holds'
+    accounts have limits, the holds already taken for the new holds' jobs, the prices, the
+    new holds' ids (PostgreSQL) and the accounts' grants; `prefetched` when `lock_batch`
+    read it all with the lock."""
+    if prefetched is not None and len(prefetched.get("hold_ids", checked)) >= len(checked):
+        return prefetched
+    settled_ids = sorted(hold.id for _, hold, _ in charges)
     hold_accounts = {by_name[req.account].id for req in checked.values()}
     runs = {(req.cluster, req.job_id) for req in checked.values()}
     grant_accounts = hold_accounts | {hold.account_id for _, hold, _ in charges}
-    if prefetched is not None and len(prefetched.get("hold_ids", checked)) >= len(checked):
-        fetched = prefetched  # `lock_batch` read all this with the lock
-    else:
-        # The reads below need nothing from each other: on PostgreSQL, one round trip for all.
-        q = _queries(s)
-        wanted_reads: list[tuple[str, Any, dict[str, Any]]] = []
-        if allocations:
-            wanted_reads.append(("allocations", q.allocations, {"holds": sorted(allocations)}))
-        if hold_accounts:
-            wanted_reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
-        if runs:
-            wanted_reads.append(("runs", q.runs, pair_params("runs", runs, q.postgres)))
-        if checked:
-            wanted_reads.append(("prices", q.prices, {}))
-            if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
-                wanted_reads.append(("hold_ids", q.hold_ids, {"n": len(checked)}))
-        if grant_accounts:
-            params = {"accounts": sorted(grant_accounts), "holds": sorted(allocations) or [0]}
-            wanted_reads.append(("grants", q.grants, params))
-        fetched = dict(
-            zip(
-                [name for name, _, _ in wanted_reads],
-                select_many(s, [(statement, params) for _, statement, params in wanted_reads]),
-                strict=True,
-            )
-        )
+    # The reads below need nothing from each other: on PostgreSQL, one round trip for all.
+    q = _queries(s)
+    reads: list[tuple[str, Any, dict[str, Any]]] = []
+    if settled_ids:
+        reads.append(("allocations", q.allocations, {"holds": settled_ids}))
+    if hold_accounts:
+        reads.append(("limits", q.limits, {"accounts": sorted(hold_accounts)}))
+    if runs:
+        reads.append(("runs", q.runs, pair_params("runs", runs, q.postgres)))
+    if checked:
+        reads.append(("prices", q.prices, {}))
+        if q.hold_ids is not None:  # PostgreSQL: the new holds' ids, so no insert waits to return them
+            reads.append(("hold_ids", q.hold_ids, {"n": len(checked)}))
+    if grant_accounts:
+        reads.append(("grants", q.grants, {"accounts": sorted(grant_accounts), "holds": settled_ids or [0]}))
+    found = select_many(s, [(statement, params) for _, statement, params in reads])
+    return dict(zip([name for name, _, _ in reads], found, strict=True))
+
+
+def _allocations(
+    charges: list[tuple[int, HoldState, Charge]], fetched: dict[str, list[Any]]
+) -> dict[int, dict[int, Allocation]]:
+    """The settled holds' allocations, by hold and grant."""
+    allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for _, hold, _ in charges}
     for row in fetched.get("allocations", []):
         if row.hold_id not in allocations:
             continue  # another hold of a settled job (`lock_batch` reads them all)
         allocations[row.hold_id][row.grant_id] = Allocation(
             row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
         )
-    capped = {row.account_id for row in fetched.get("limits", [])}
-    existing = _holds_of_runs(fetched.get("runs", []), runs)
-    prices = price_table(fetched["prices"]) if checked else None
-    grants = grants_by_account(fetched.get("grants", []))
+    return allocations
 
-    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]] = {}
-    resolved: list[dict[str, Any]] = []
+
+def _plan_settles(
+    plan: _Plan,
+    charges: list[tuple[int, HoldState, Charge]],
+    accounts: dict[int, LockedAccount],
+    settled: list[Outcome],
+) -> None:
+    """Each settle as `settle_hold` would do it, in memory: its entry, its hold's new columns."""
     for i, hold, settlement in charges:
         account = accounts[hold.account_id]
         draft, values, _unplaced = plan_charge(
-            account, hold, grants.setdefault(account.id, []), allocations[hold.id], **settlement
+            account, hold, plan.grants.setdefault(account.id, []), plan.allocations[hold.id], settlement
         )
-        drafts.setdefault(account.id, (account, []))[1].append(draft)
-        resolved.append({"id": hold.id, **values})
+        plan.post(account, draft)
+        plan.resolved.append({"id": hold.id, **values})
         settled[i] = dataclasses.replace(hold, **values)
 
-    planned: list[tuple[int, CheckedHoldRequest, LockedAccount, dict[str, Any], list[Any]]] = []
+
+def _plan_holds(
+    plan: _Plan,
+    checked: dict[int, CheckedHoldRequest],
+    by_name: dict[str, LockedAccount],
+    fetched: dict[str, list[Any]],
+    created: list[Outcome],
+) -> None:
+    """Each new hold as `create_hold` would take it, in memory, after the settles: a repeat
+    replays its hold, a refusal is its outcome; accounts with limits are left to
+    `create_hold` (their checks read the active holds, this batch's included)."""
+    capped = {row.account_id for row in fetched.get("limits", [])}
+    existing = _holds_of_runs(
+        fetched.get("runs", []), {(req.cluster, req.job_id) for req in checked.values()}
+    )
+    prices = price_table(fetched["prices"]) if checked else None
     for i, req in checked.items():
         account = by_name[req.account]
         if account.id in capped:
@@ -205,73 +285,68 @@ def apply_holds_and_settles(
             assert prices is not None
             rate, unit_prices = prices.rate_for(req.gpus, req.partition, req.at)
             amount = hold_amount(req, rate)
-            legs = earmark(grants.setdefault(account.id, []), account, req, amount)
+            legs = earmark(plan.grants.setdefault(account.id, []), account, req, amount)
         except LedgerError as error:
             created[i] = error
             continue
-        planned.append((i, req, account, hold_fields(req, rate, unit_prices, amount), legs))
-    with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
-        ids = [row.id for row in fetched["hold_ids"]] if "hold_ids" in fetched else None
-        _write(s, drafts, planned, ids, allocations, grants, resolved, created)
-    return created, settled
+        plan.new.append((i, req, account, hold_fields(req, rate, unit_prices, amount), legs))
 
 
-def _write(
-    s: Session,
-    drafts: dict[int, tuple[LockedAccount, list[EntryDraft]]],
-    planned: list[tuple[int, CheckedHoldRequest, LockedAccount, dict[str, Any], list[Any]]],
-    ids: list[int] | None,
-    allocations: dict[int, dict[int, Allocation]],
-    grants: dict[int, list[GrantState]],
-    resolved: list[dict[str, Any]],
-    created: list[Outcome],
-) -> None:
+def _write(s: Session, plan: _Plan, ids: list[int] | None, created: list[Outcome]) -> None:
     """The batch's new holds (with `ids`, taken from their sequence beforehand, in order;
     else their ids come back), entries, postings, allocations, grants and resolved holds."""
+    new_allocations = _insert_holds(s, plan, ids, created) if plan.new else []
+    post_batch(s, list(plan.drafts.values()), ids=False)
+    save_allocations_many(s, plan.allocations, new_allocations)
+    _save_grants(s, [g for account_grants in plan.grants.values() for g in account_grants])
+    update_rows(s, holds_t, ("id",), plan.resolved)
+
+
+def _insert_holds(
+    s: Session, plan: _Plan, ids: list[int] | None, created: list[Outcome]
+) -> list[dict[str, int]]:
+    """Insert the new holds, plan their 'hold' entries, set their outcomes; returns their
+    allocation rows (their earmarks)."""
+    rows = [
+        {
+            "account_id": account.id,
+            "charged_ucredits": 0,
+            "charged_seconds": 0,
+            "debt_ucredits": 0,
+            "state": HoldStatus.ACTIVE,
+            "resolved_at": None,
+            **fields,
+            "request_hash": req.digest,
+        }
+        for _, req, account, fields, _ in plan.new
+    ]
+    if ids is not None:
+        for row, hold_id in zip(rows, ids, strict=False):
+            row["id"] = hold_id
+        insert_rows(s, holds_t, rows)
+        hold_ids = {(row["cluster"], row["job_id"], row["run"]): row["id"] for row in rows}
+    else:
+        returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
+        hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
     new_allocations: list[dict[str, int]] = []
-    if planned:
-        rows = [
-            {
-                "account_id": account.id,
-                "charged_ucredits": 0,
-                "charged_seconds": 0,
-                "debt_ucredits": 0,
-                "state": HoldStatus.ACTIVE,
-                "resolved_at": None,
-                **fields,
-                "request_hash": req.digest,
-            }
-            for _, req, account, fields, _ in planned
-        ]
-        if ids is not None:
-            for row, hold_id in zip(rows, ids, strict=False):
-                row["id"] = hold_id
-            insert_rows(s, holds_t, rows)
-            hold_ids = {(row["cluster"], row["job_id"], row["run"]): row["id"] for row in rows}
-        else:
-            returned = insert_rows(s, holds_t, rows, returning=("id", "cluster", "job_id", "run"))
-            hold_ids = {(row.cluster, row.job_id, row.run): row.id for row in returned}
-        for i, req, account, fields, legs in planned:
-            hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
-            drafts.setdefault(account.id, (account, []))[1].append(
-                EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=hold_memo(req))
-            )
-            new_allocations.extend(earmark_rows(hold_id, legs))
-            created[i] = HoldState(
-                id=hold_id,
-                account=account.name,
-                account_id=account.id,
-                charged_ucredits=0,
-                charged_seconds=0,
-                debt_ucredits=0,
-                state=HoldStatus.ACTIVE,
-                resolved_at=None,
-                **fields,
-            )
-    post_batch(s, list(drafts.values()), ids=False)
-    save_allocations_many(s, allocations, new_allocations)
-    _save_grants(s, [g for account_grants in grants.values() for g in account_grants])
-    update_rows(s, holds_t, ("id",), resolved)
+    for i, req, account, fields, legs in plan.new:
+        hold_id = hold_ids[(req.cluster, req.job_id, req.run)]
+        plan.post(
+            account, EntryDraft("hold", req.at, legs, user=req.user, hold_id=hold_id, memo=hold_memo(req))
+        )
+        new_allocations.extend(earmark_rows(hold_id, legs))
+        created[i] = HoldState(
+            id=hold_id,
+            account=account.name,
+            account_id=account.id,
+            charged_ucredits=0,
+            charged_seconds=0,
+            debt_ucredits=0,
+            state=HoldStatus.ACTIVE,
+            resolved_at=None,
+            **fields,
+        )
+    return new_allocations
 
 
 def _settle_requests(

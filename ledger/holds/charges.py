@@ -1,5 +1,5 @@
-"""How a hold's charge moves credit: the one rule behind every charge, settle, release,
-correction and renewal of a hold.
+"""How a hold's charge moves credit: the one rule behind every charge, settle, release
+and correction of a hold.
 
 A charge brings the hold's cumulative charge to the cost of its cumulative seconds,
 rounded once, drawing first from the hold's own earmarks and the free part of grants
@@ -7,8 +7,8 @@ active at the charge's effective time (so expiring credit goes first), never fro
 another hold's earmarks; what cannot be drawn is recorded as debt. A lower charge
 refunds: debt first, then the hold's grants in reverse burn order, and what no grant
 can take back becomes a refund grant. Resolving a hold releases what is left of its
-earmarks. `charge` is the in-memory part (shared with the batches); `apply_charge`
-reads and writes one hold around it.
+earmarks. A `Charge` is one such change; `plan_charge` is its in-memory part (shared
+with the batches), and `apply_charge` reads and writes one hold around it.
 """
 
 from __future__ import annotations
@@ -165,41 +165,34 @@ def _grants_for(s: Session, account: LockedAccount, allocations: dict[int, Alloc
     return sorted(grants.values(), key=GrantState.burn_key)
 
 
-def apply_charge(
-    s: Session,
-    account: LockedAccount,
-    hold: HoldState,
-    *,
-    kind: str,
-    at: datetime,
-    target_ucredits: int,
-    seconds: int | None,
-    new_state: str | None,
-    links_entry_id: int | None = None,
-    memo: dict[str, Any] | None = None,
-) -> HoldState:
-    """Bring a hold's cumulative charge to `target_ucredits` and optionally resolve it."""
+@dataclass(frozen=True)
+class Charge:
+    """One change of a hold's charge, as one journal entry: its `kind` ('usage', 'settle',
+    'release', 'expire', 'adjust'), effective `at`, bringing the hold's cumulative charge
+    to `target_ucredits` (for `seconds` run, when it charges time run), resolving the
+    hold as `new_state` when given, linked to `links_entry_id`, with `memo` added to the
+    entry's."""
+
+    kind: str
+    at: datetime
+    target_ucredits: int
+    seconds: int | None = None
+    new_state: str | None = None
+    links_entry_id: int | None = None
+    memo: dict[str, Any] | None = None
+
+
+def apply_charge(s: Session, account: LockedAccount, hold: HoldState, charge: Charge) -> HoldState:
+    """Bring a hold's cumulative charge to `charge.target_ucredits` and optionally resolve it."""
     allocations = load_allocations(s, hold.id)
     grants = _grants_for(s, account, allocations)
-    draft, values, unplaced = plan_charge(
-        account,
-        hold,
-        grants,
-        allocations,
-        kind=kind,
-        at=at,
-        target_ucredits=target_ucredits,
-        seconds=seconds,
-        new_state=new_state,
-        links_entry_id=links_entry_id,
-        memo=memo,
-    )
+    draft, values, unplaced = plan_charge(account, hold, grants, allocations, charge)
     post_many(s, account, [draft])
     save_grants(s, grants)
     _save_allocations(s, hold.id, allocations)
     s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
     if unplaced:
-        create_grant(s, account, unplaced, source="refund", at=at, user=hold.user)
+        create_grant(s, account, unplaced, source="refund", at=charge.at, user=hold.user)
     return dataclasses.replace(hold, **values)
 
 
@@ -208,54 +201,53 @@ def plan_charge(
     hold: HoldState,
     grants: list[GrantState],
     allocations: dict[int, Allocation],
-    *,
-    kind: str,
-    at: datetime,
-    target_ucredits: int,
-    seconds: int | None,
-    new_state: str | None,
-    links_entry_id: int | None = None,
-    memo: dict[str, Any] | None = None,
+    charge: Charge,
 ) -> tuple[EntryDraft, dict[str, Any], int]:
     """The in-memory part of `apply_charge`: draw or refund the difference on `grants` and
     `allocations` (marked dirty) and return the entry to post, the hold's new columns,
     and what a refund could not place (to become a refund grant)."""
     legs: list[Leg] = []
-    delta = target_ucredits - hold.charged_ucredits
+    delta = charge.target_ucredits - hold.charged_ucredits
     unplaced = 0
     if delta > 0:
-        draw(account, hold, grants, allocations, delta, at, legs)
+        draw(account, hold, grants, allocations, delta, charge.at, legs)
     elif delta < 0:
         unplaced = refund(account, hold, grants, allocations, -delta, legs)
-    if new_state is not None:
+    if charge.new_state is not None:
         _release_earmarks(account, grants, allocations, legs)
     draft = EntryDraft(
-        kind,
-        at,
+        charge.kind,
+        charge.at,
         legs,
         user=hold.user,
         hold_id=hold.id,
-        links_entry_id=links_entry_id,
-        memo={
-            "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
-            "charge": delta,
-            **(
-                {"seconds": seconds, "delta_seconds": seconds - hold.charged_seconds}
-                if seconds is not None
-                else {}
-            ),
-            **(memo or {}),
-        },
+        links_entry_id=charge.links_entry_id,
+        memo=_memo(hold, charge, delta),
     )
     values: dict[str, Any] = {
-        "charged_ucredits": target_ucredits,  # the unplaced part returns as a refund grant
+        "charged_ucredits": charge.target_ucredits,  # the unplaced part returns as a refund grant
         "debt_ucredits": hold.debt_ucredits,
     }
-    if seconds is not None:
-        values["charged_seconds"] = seconds
-    if new_state is not None:
-        values.update(state=new_state, resolved_at=at)
+    if charge.seconds is not None:
+        values["charged_seconds"] = charge.seconds
+    if charge.new_state is not None:
+        values.update(state=charge.new_state, resolved_at=charge.at)
     return draft, values, unplaced
+
+
+def _memo(hold: HoldState, charge: Charge, delta: int) -> dict[str, Any]:
+    """The entry's memo: the run, the change in charge, the seconds when it charges time."""
+    seconds = (
+        {"seconds": charge.seconds, "delta_seconds": charge.seconds - hold.charged_seconds}
+        if charge.seconds is not None
+        else {}
+    )
+    return {
+        "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
+        "charge": delta,
+        **seconds,
+        **(charge.memo or {}),
+    }
 
 
 def save_allocations_many(

@@ -6,12 +6,11 @@ repeat of the same resolution returns the hold; another is `hold_resolved`.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from ledger.errors import Conflict
-from ledger.holds.charges import apply_charge
+from ledger.holds.charges import Charge, apply_charge
 from ledger.holds.state import HoldState, lock_hold
 from ledger.money import charge_for
 from ledger.store.models import HoldStatus
@@ -32,18 +31,18 @@ def settle_hold(
             code="hold_resolved",
             details={"hold_id": hold_id, "state": hold.state},
         )
-    return apply_charge(s, account, hold, **settlement_of(hold, elapsed, at))
+    return apply_charge(s, account, hold, settlement_of(hold, elapsed, at))
 
 
-def settlement_of(hold: HoldState, elapsed: int, at: datetime | None) -> dict[str, Any]:
-    """How an active hold settles for `elapsed` seconds: `apply_charge`'s (and `plan_charge`'s) arguments."""
-    return {
-        "kind": "settle",
-        "at": at or hold.started_at + timedelta(seconds=elapsed),
-        "target_ucredits": charge_for(hold.rate_ucredits_per_hour, elapsed),
-        "seconds": elapsed,
-        "new_state": HoldStatus.SETTLED,
-    }
+def settlement_of(hold: HoldState, elapsed: int, at: datetime | None) -> Charge:
+    """How an active hold settles for `elapsed` seconds."""
+    return Charge(
+        kind="settle",
+        at=at or hold.started_at + timedelta(seconds=elapsed),
+        target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+        seconds=elapsed,
+        new_state=HoldStatus.SETTLED,
+    )
 
 
 def release_hold(
@@ -63,9 +62,10 @@ def release_hold(
         s,
         account,
         hold,
-        kind="release" if state == HoldStatus.RELEASED else "expire",
-        at=at or utcnow(),
-        target_ucredits=hold.charged_ucredits,
-        seconds=None,
-        new_state=state,
+        Charge(
+            kind="release" if state == HoldStatus.RELEASED else "expire",
+            at=at or utcnow(),
+            target_ucredits=hold.charged_ucredits,
+            new_state=state,
+        ),
     )

@@ -27,7 +27,7 @@ from ledger.books.idempotency import request_hash
 from ledger.books.journal import EntryDraft, LockedAccount, post_batch
 from ledger.errors import Conflict, InvalidInput
 from ledger.holds.adjustments import grants_of_accounts
-from ledger.holds.charges import Allocation, apply_charge, plan_charge
+from ledger.holds.charges import Allocation, Charge, apply_charge, plan_charge
 from ledger.holds.create import new_hold, run_conflict, same_run
 from ledger.holds.request import check_job, submit_time
 from ledger.holds.state import HoldState, hold_query
@@ -214,12 +214,14 @@ def _insert_and_settle(
             hold,
             grants[account.id],
             allocations,
-            kind="settle",
-            at=ended_at,
-            target_ucredits=values["amount_ucredits"],
-            seconds=c.elapsed,
-            new_state=HoldStatus.SETTLED,
-            memo={"unreserved": True},
+            Charge(
+                kind="settle",
+                at=ended_at,
+                target_ucredits=values["amount_ucredits"],
+                seconds=c.elapsed,
+                new_state=HoldStatus.SETTLED,
+                memo={"unreserved": True},
+            ),
         )
         assert not unplaced  # a charge draws; only a refund can leave credit unplaced
         drafts.setdefault(run.account, []).append(draft)
@@ -326,10 +328,12 @@ def record_unreserved_run(
         s,
         account,
         hold,
-        kind="settle",
-        at=ended_at,
-        target_ucredits=amount,
-        seconds=elapsed,
-        new_state=HoldStatus.SETTLED,
-        memo={"unreserved": True},
+        Charge(
+            kind="settle",
+            at=ended_at,
+            target_ucredits=amount,
+            seconds=elapsed,
+            new_state=HoldStatus.SETTLED,
+            memo={"unreserved": True},
+        ),
     )

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from ledger.books.accounts import lock_account
 from ledger.books.grants import load_grants, save_grants
-from ledger.books.journal import EntryDraft, Leg, post_many
+from ledger.books.journal import EntryDraft, Leg, LockedAccount, post_many
 from ledger.errors import Conflict, InvalidInput, NotFound
-from ledger.holds.charges import Allocation, apply_charge, draw, save_allocations_many
+from ledger.holds.charges import Allocation, Charge, apply_charge, draw, save_allocations_many
 from ledger.holds.state import HoldState, hold_query, lock_hold, to_state
 from ledger.money import charge_for
 from ledger.store.bulk import update_rows
@@ -44,11 +44,12 @@ def hold_usage(s: Session, hold_id: int, elapsed_seconds: int | str, at: datetim
         s,
         account,
         hold,
-        kind="usage",
-        at=at,
-        target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
-        seconds=elapsed,
-        new_state=None,
+        Charge(
+            kind="usage",
+            at=at,
+            target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+            seconds=elapsed,
+        ),
     )
 
 
@@ -64,6 +65,62 @@ def hold_usage_many(
     epilog settled it since the caller looked) or is already charged that far is skipped,
     not refused: the meter races the hooks by design. Returns the holds charged.
     """
+    wanted = _wanted(usages)
+    account = lock_account(s, account_name)
+    due = _due(s, account, wanted)
+    if not due:
+        return []
+    allocations = _allocations(s, account, due)
+    grants = load_grants(s, account.id)
+    drafts: list[EntryDraft] = []
+    charged: list[HoldState] = []
+    lowered: list[tuple[HoldState, Charge]] = []
+    for hold in due:
+        elapsed, at = wanted[hold.id]
+        usage = Charge(
+            kind="usage",
+            at=at or hold.started_at + timedelta(seconds=elapsed),
+            target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
+            seconds=elapsed,
+        )
+        delta = usage.target_ucredits - hold.charged_ucredits
+        if delta < 0:  # an adjustment charged more than the seconds cost: refund as hold_usage does
+            lowered.append((hold, usage))
+            continue
+        legs: list[Leg] = []
+        if delta > 0:
+            draw(account, hold, grants, allocations[hold.id], delta, usage.at, legs)
+        drafts.append(
+            EntryDraft(
+                "usage",
+                usage.at,
+                legs,
+                user=hold.user,
+                hold_id=hold.id,
+                memo={
+                    "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
+                    "charge": delta,
+                    "seconds": elapsed,
+                    "delta_seconds": elapsed - hold.charged_seconds,
+                },
+            )
+        )
+        hold.charged_ucredits, hold.charged_seconds = (
+            usage.target_ucredits,
+            elapsed,
+        )  # a copy read under the lock
+        charged.append(hold)
+    post_many(s, account, drafts)
+    save_grants(s, grants)
+    save_allocations_many(s, allocations)
+    if charged:
+        _save_charges(s, charged)
+    charged.extend(apply_charge(s, account, hold, usage) for hold, usage in lowered)
+    return charged
+
+
+def _wanted(usages: Sequence[tuple[int, int, datetime | None]]) -> dict[int, tuple[int, datetime | None]]:
+    """The charges asked for, by hold id: (cumulative elapsed seconds, effective time or None)."""
     if len(usages) > MAX_USAGES_PER_CALL:
         raise InvalidInput(
             f"{len(usages)} charges in one call; at most {MAX_USAGES_PER_CALL}",
@@ -77,7 +134,14 @@ def hold_usage_many(
                 f"hold {hold_id} is listed twice", code="invalid_hold", details={"hold_id": hold_id}
             )
         wanted[hold_id] = (parse_seconds(elapsed_seconds, field="elapsed"), at)
-    account = lock_account(s, account_name)
+    return wanted
+
+
+def _due(
+    s: Session, account: LockedAccount, wanted: dict[int, tuple[int, datetime | None]]
+) -> list[HoldState]:
+    """The wanted holds still active and not yet charged that far, by id (read under the
+    account's lock); a hold of another account is refused."""
     active = {
         hold.id: hold
         for hold in (
@@ -96,12 +160,16 @@ def hold_usage_many(
         foreign = sorted(h for h in missing if owners.get(h) != account.id)
         if foreign:
             raise NotFound(
-                f"hold {foreign[0]} is not a hold of account {account_name}",
-                details={"hold_ids": foreign[:20], "account": account_name},
+                f"hold {foreign[0]} is not a hold of account {account.name}",
+                details={"hold_ids": foreign[:20], "account": account.name},
             )
-    due = sorted((h for h in active.values() if wanted[h.id][0] > h.charged_seconds), key=lambda h: h.id)
-    if not due:
-        return []
+    return sorted((h for h in active.values() if wanted[h.id][0] > h.charged_seconds), key=lambda h: h.id)
+
+
+def _allocations(
+    s: Session, account: LockedAccount, due: list[HoldState]
+) -> dict[int, dict[int, Allocation]]:
+    """The due holds' allocations, by hold and grant (one read of the account's active holds')."""
     allocations: dict[int, dict[int, Allocation]] = {hold.id: {} for hold in due}
     for row in s.execute(
         select(allocations_t)
@@ -112,57 +180,7 @@ def hold_usage_many(
             allocations[row.hold_id][row.grant_id] = Allocation(
                 row.grant_id, row.earmarked_ucredits, row.drawn_ucredits
             )
-    grants = load_grants(s, account.id)
-    drafts: list[EntryDraft] = []
-    charged: list[HoldState] = []
-    lowered: list[tuple[HoldState, int, datetime]] = []
-    for hold in due:
-        elapsed, at = wanted[hold.id]
-        effective_at = at or hold.started_at + timedelta(seconds=elapsed)
-        target = charge_for(hold.rate_ucredits_per_hour, elapsed)
-        delta = target - hold.charged_ucredits
-        if delta < 0:  # an adjustment charged more than the seconds cost: refund as hold_usage does
-            lowered.append((hold, elapsed, effective_at))
-            continue
-        legs: list[Leg] = []
-        if delta > 0:
-            draw(account, hold, grants, allocations[hold.id], delta, effective_at, legs)
-        drafts.append(
-            EntryDraft(
-                "usage",
-                effective_at,
-                legs,
-                user=hold.user,
-                hold_id=hold.id,
-                memo={
-                    "job": f"{hold.cluster}/{hold.job_id}/{hold.run}",
-                    "charge": delta,
-                    "seconds": elapsed,
-                    "delta_seconds": elapsed - hold.charged_seconds,
-                },
-            )
-        )
-        hold.charged_ucredits, hold.charged_seconds = target, elapsed  # a copy read under the lock
-        charged.append(hold)
-    post_many(s, account, drafts)
-    save_grants(s, grants)
-    save_allocations_many(s, allocations)
-    if charged:
-        _save_charges(s, charged)
-    for hold, elapsed, effective_at in lowered:
-        charged.append(
-            apply_charge(
-                s,
-                account,
-                hold,
-                kind="usage",
-                at=effective_at,
-                target_ucredits=charge_for(hold.rate_ucredits_per_hour, elapsed),
-                seconds=elapsed,
-                new_state=None,
-            )
-        )
-    return charged
+    return allocations
 
 
 def _save_charges(s: Session, holds: list[HoldState]) -> None:
