@@ -385,7 +385,8 @@ def test_a_checkout_retried_after_a_crash_is_the_same_stripe_session(
     """The session is created outside the ledger's transaction; if the portal dies before
     it names the session on the payment, the retry must not open a second one."""
     from portal.payments import payment_page_url
-    from portal.payments.providers import payment_settings, provider_for
+    from portal.payments.providers import payment_settings
+    from portal.payments.registry import provider_for
 
     with stripe_app.test_request_context():
         started = start_topup(

@@ -14,7 +14,8 @@ from flask import current_app, request, url_for
 from ledger import api
 from ledger.errors import InvalidInput
 from ledger.money import parse_credits
-from portal.payments.providers import PaymentProviderError, payment_settings, provider_for
+from portal.payments.providers import PaymentProviderError, payment_settings
+from portal.payments.registry import provider_for
 from portal.store import transaction
 
 __all__ = ["start_topup"]

@@ -146,13 +146,3 @@ class Provider(Protocol):
     def start(self, payment: dict[str, Any], *, success_url: str, cancel_url: str) -> Checkout:
         """Called again for a payment it started (a replayed request): the same checkout."""
         ...
-
-
-def provider_for(name: str, settings: PaymentSettings) -> Provider:
-    if name == "stripe":
-        from portal.payments.stripe_provider import StripeProvider
-
-        return StripeProvider(settings)
-    from portal.payments.manual import ManualProvider
-
-    return ManualProvider()
