@@ -9,7 +9,9 @@ available credit and the caps are found in ledger/ alone.
 
 The floor plan (FLOOR_PLAN) is the same idea one level up: which package, bridge
 sub-package or the daemon may import which, lazy imports included, so each process and
-each external system keeps one home and arrows point toward ledger/.
+each external system keeps one home and arrows point toward ledger/. Inside ledger/ it
+draws the layers: the store at the bottom, then the books, the limits, pricing, the hold
+rules, and the read models, with ledger.api over them all.
 """
 
 from __future__ import annotations
@@ -189,6 +191,7 @@ NOT_PUBLIC = " is not part of the ledger's public surface"
         ("from ledger.limits.rules import check_limits", "from ledger.limits.rules import ..." + NOT_MODULE),
         ("import ledger.holds.create", "import ledger.holds.create" + NOT_MODULE),
         ("from ledger import models", "from ledger import models" + NOT_MODULE),
+        ("from ledger.books import grants", "from ledger.books import grants" + NOT_MODULE),
         ("from ledger.money import charge_for", "ledger.money.charge_for" + NOT_PUBLIC),
         ("from ledger import api\napi.entries_t", "ledger.api.entries_t" + NOT_PUBLIC),
         ("from ledger import api\napi._grants.take_free", "ledger.api._grants" + NOT_PUBLIC),
@@ -221,9 +224,34 @@ def test_the_public_ways_pass() -> None:
 # Which of this repository's packages each one may import, lazy imports included. A
 # sub-package of the bridge, and the daemon, count as their own: each process and each
 # external system has one home, and arrows point toward ledger/ and slurmtext/. A module
-# belongs to the longest name here that it starts with.
+# belongs to the longest name here that it starts with. Other packages see the ledger as
+# one unit, "ledger" (which of its modules they may use is PUBLIC's business); inside it,
+# each sub-package is a layer that imports only the layers below it.
 FLOOR_PLAN: dict[str, frozenset[str]] = {
+    # The ledger's base modules (errors, money, timeutil, config), which every layer uses.
     "ledger": frozenset(),
+    "ledger.store": frozenset({"ledger"}),  # tables, engines, schema, bulk writes, sums
+    "ledger.books": frozenset({"ledger", "ledger.store"}),  # journal, accounts, grants, balances
+    "ledger.limits": frozenset({"ledger", "ledger.store", "ledger.books"}),  # caps and their rules
+    "ledger.pricing": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.limits"}),
+    "ledger.holds": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.limits", "ledger.pricing"}),
+    "ledger.views": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.pricing", "ledger.holds"}),
+    "ledger.jobs": frozenset({"ledger", "ledger.store", "ledger.pricing"}),  # the bridge's job runs
+    "ledger.access": frozenset({"ledger", "ledger.store", "ledger.books"}),  # roles, logins, tokens
+    "ledger.api": frozenset(
+        {
+            "ledger",
+            "ledger.store",
+            "ledger.books",
+            "ledger.limits",
+            "ledger.pricing",
+            "ledger.holds",
+            "ledger.views",
+            "ledger.access",
+        }
+    ),
+    "ledger.cli_support": frozenset({"ledger", "ledger.store"}),
+    "ledger.cli": frozenset({"ledger", "ledger.api", "ledger.cli_support", "ledger.store", "ledger.views"}),
     "slurmtext": frozenset(),
     "slurm_hooks": frozenset({"slurmtext"}),  # hook processes: the stdlib and slurmtext only
     "slurm_hooks.admin": frozenset({"slurm_hooks", "ledger"}),  # `gpucredit slurm config|install`
@@ -271,13 +299,21 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
 }
 
 
-def unit_of(module: str) -> str | None:
-    """The floor plan's name for `module`: the longest one it is or starts with."""
+def unit_of(module: str, seen_from: str | None = None) -> str | None:
+    """The floor plan's name for `module`: the longest one it is or starts with; from a
+    unit outside the ledger (`seen_from`), any of the ledger's is "ledger"."""
     found = [name for name in FLOOR_PLAN if module == name or module.startswith(name + ".")]
-    return max(found, key=len) if found else None
+    unit = max(found, key=len) if found else None
+    if unit is not None and seen_from is not None and _in_ledger(unit) and not _in_ledger(seen_from):
+        return "ledger"
+    return unit
 
 
-def imported_units(source: str, path: str) -> Iterator[tuple[int, str]]:
+def _in_ledger(unit: str) -> bool:
+    return unit == "ledger" or unit.startswith("ledger.")
+
+
+def imported_units(source: str, path: str, seen_from: str | None = None) -> Iterator[tuple[int, str]]:
     """(line, unit) of every import of one of our packages, anywhere in the module."""
     for node in ast.walk(ast.parse(source, filename=path)):
         if isinstance(node, ast.Import):
@@ -287,7 +323,7 @@ def imported_units(source: str, path: str) -> Iterator[tuple[int, str]]:
         else:
             continue
         for name in names:
-            unit = unit_of(name)
+            unit = unit_of(name, seen_from)
             if unit is not None:
                 yield node.lineno, unit
 
@@ -297,7 +333,7 @@ def floor_plan_breaches(source: str, path: str, module: str) -> list[str]:
     allowed = FLOOR_PLAN[own] if own is not None else frozenset()
     return [
         f"{path}:{line}: {own} imports {unit}"
-        for line, unit in imported_units(source, path)
+        for line, unit in imported_units(source, path, own)
         if unit != own and unit not in allowed
     ]
 
@@ -330,9 +366,39 @@ def test_every_sub_package_of_the_bridge_and_the_daemon_has_a_row() -> None:
     assert packages - set(FLOOR_PLAN) == set()
 
 
+def test_every_sub_package_of_the_ledger_has_a_row() -> None:
+    """A new layer of the ledger gets its own row (what it may import)."""
+    packages = {f"ledger.{path.parent.name}" for path in (REPO / "ledger").glob("*/__init__.py")}
+    assert packages - set(FLOOR_PLAN) == set()
+    assert {"ledger.store", "ledger.books", "ledger.holds"} <= packages
+
+
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [
+        (
+            "ledger.store.tables",
+            "from ledger.books.journal import REVENUE",
+            ["x.py:1: ledger.store imports ledger.books"],
+        ),
+        (
+            "ledger.books.journal",
+            "def f():\n    from ledger.holds.state import get_hold",
+            ["x.py:2: ledger.books imports ledger.holds"],
+        ),
+        (
+            "ledger.pricing.quotes",
+            "from ledger.holds import keyed",
+            ["x.py:1: ledger.pricing imports ledger.holds"],
+        ),
+        (
+            "ledger.holds.create",
+            "from ledger.views import reports",
+            ["x.py:1: ledger.holds imports ledger.views"],
+        ),
+        ("ledger.books.grants", "from ledger import api", ["x.py:1: ledger.books imports ledger.api"]),
+        ("ledger.views.reports", "from ledger.holds.accrual import accruals", []),
+        ("portal.api.holds", "from ledger.holds.state import HoldState", []),  # the boundary test's to refuse
         (
             "accounting_bridge.slurm.records",
             "from ledger import api",
