@@ -18,46 +18,44 @@ and the meter need the hold itself: they return a `HoldState` (its `as_dict()` i
 record), and a repeat of a hold request is known by its run. Their keyed forms, for the
 CLI and the HTTP API, are the part `keyed`, under the same names.
 
-The parts:
+The parts, and the sub-package each lives in:
 
-    accounts     create_account, ensure_account, account_names, add_member, members,
-                 member_roles, memberships                          ledger.books, views
-    credit       topup, grant, consume, balance, account_summary, credit_use,
-                 parse_share, CreditUse, checkpoint_balances, CHECKPOINT_EVERY
-                                                                    ledger.books
-    payments     open_payment, mark_paid, cancel_payment, set_external_id,
-                 get_payment, find_payment, list_payments           ledger.books.payments
-    limits       set_limits, show_limits                            ledger.limits
-    prices       set_price, list_prices, price_versions, load_price_table, PriceTable,
-                 rate_of, charge_for, quote, estimate, Estimate     ledger.pricing
-    routing      route, candidate_partitions, Route, RoutingConfig, CostLimit,
-                 PartitionOption                                    ledger.pricing.routing
-    job_submit   Snapshot, SnapshotKeeper (its in-memory picture)   ledger.pricing.snapshot
-    holds        create_hold(s, HoldRequest(...)), hold_usage, settle_hold, release_hold,
-                 adjust_hold, hold_refusal, record_unreserved_run, HoldState, HoldStatus,
-                 UNKNOWN_SUBMIT
-                 get_hold, find_hold, find_active_hold, find_job_holds, list_holds,
-                 holds_page, list_active_runs, ActiveRun            ledger.holds
-    keyed        keyed.create_hold, keyed.hold_usage, keyed.settle_hold,
-                 keyed.release_hold: the hold acts' records, repeat-safe by key
-                                                                    ledger.holds.keyed
-    corrections  adjust (linked to an entry), sweep (expiry and debt)
-                                                                    ledger.holds
-    running jobs cost_so_far, seconds_run, accruals, Accrual, set_accrual, ACCRUES_NOW,
-                 daily_cap_overruns, capped_accounts, CapOverrun, lease_needs_renewal,
-                 lease_overspend_bound                              ledger.holds
-    outages      current_outage_bound, outage_prices, parse_outage, OutageBound,
-                 OutageConfig                                       ledger.holds.bounds
-    reads        usage_report, job_history, job_record, hold_entries, charge_entries,
-                 running_totals, JobRecord, RunningTotals, efficiency_report,
-                 add_gpu_usage, UsageDelta, account_totals, AccountTotals,
-                 fairness_inputs, FairnessInputs, enforcement, AccountEnforcement,
-                 MemberEnforcement, Block, ChargeCounter, ChargeTotals
-                                                                    ledger.views
-    audit        verify, journal_entries                            ledger.books.audit
-    access       set_portal_user, portal_user, end_portal_sessions, roles_of,
-                 create_token, authenticate_token, list_tokens, revoke_token, TokenInfo
-                                                                    ledger.access
+    accounts (books)       create_account, ensure_account, account_names, add_member,
+                           members, member_roles (access), memberships (views)
+    credit (books)         topup, grant, consume, balance, account_summary, credit_use,
+                           parse_share, CreditUse, checkpoint_balances, CHECKPOINT_EVERY
+    payments (books)       open_payment, mark_paid, cancel_payment, set_external_id,
+                           get_payment, find_payment, list_payments
+    limits (limits)        set_limits, show_limits
+    prices (pricing)       set_price, list_prices, price_versions, load_price_table,
+                           PriceTable, rate_of, charge_for (ledger.money), quote,
+                           estimate, Estimate
+    routing (pricing)      route, candidate_partitions, Route, RoutingConfig, CostLimit,
+                           PartitionOption
+    job_submit (pricing)   Snapshot, SnapshotKeeper: the picture job_submit is answered from
+    holds (holds)          create_hold(s, HoldRequest(...)), hold_usage, settle_hold,
+                           release_hold, adjust_hold, hold_refusal, record_unreserved_run,
+                           HoldRequest, HoldState, HoldStatus and UNKNOWN_SUBMIT (store);
+                           get_hold, find_hold, find_active_hold, find_job_holds,
+                           list_holds, holds_page, list_active_runs, ActiveRun
+    keyed (holds)          keyed.create_hold, keyed.hold_usage, keyed.settle_hold,
+                           keyed.release_hold: the hold acts' records, repeat-safe by key
+    corrections (holds)    adjust (linked to an entry), sweep (expiry and debt)
+    running jobs (holds)   cost_so_far, seconds_run, accruals, Accrual, set_accrual,
+                           ACCRUES_NOW, daily_cap_overruns, capped_accounts, CapOverrun,
+                           lease_needs_renewal, lease_overspend_bound
+    outages (holds)        current_outage_bound, outage_prices, parse_outage,
+                           OutageBound, OutageConfig
+    reads (views)          usage_report, job_history, job_record, hold_entries,
+                           charge_entries, running_totals, JobRecord, RunningTotals,
+                           efficiency_report, add_gpu_usage, UsageDelta, account_totals,
+                           AccountTotals, fairness_inputs, FairnessInputs, enforcement,
+                           AccountEnforcement, MemberEnforcement, Block, ChargeCounter,
+                           ChargeTotals
+    audit (books)          verify, journal_entries
+    access (access)        set_portal_user, portal_user, end_portal_sessions, roles_of,
+                           create_token, authenticate_token, list_tokens, revoke_token,
+                           TokenInfo
 
 Batch operations: lock_batch, LockedBatch, create_holds, settle_holds,
 apply_holds_and_settles, find_active_holds, active_holds_among, create_holds_together,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,3 +426,23 @@ def test_every_sub_package_of_the_ledger_has_a_row() -> None:
 )
 def test_each_arrow_against_the_floor_plan_is_caught(module: str, source: str, expected: list[str]) -> None:
     assert floor_plan_breaches(source, "x.py", module) == expected
+
+
+# --------------------------------------------------------------------------- the public surface
+
+
+def test_the_api_only_re_exports() -> None:
+    """ledger.api is a docstring, imports and __all__: each name's logic lives in the
+    sub-package its part names, never in the surface itself."""
+    tree = ast.parse((REPO / "ledger" / "api.py").read_text(encoding="utf-8"))
+    kinds = [type(node).__name__ for node in tree.body]
+    assert kinds[0] == "Expr"  # the docstring
+    assert set(kinds[1:-1]) <= {"ImportFrom", "Import"}
+    assert kinds[-1] == "Assign" and ast.unparse(tree.body[-1]).startswith("__all__ =")
+
+
+def test_the_apis_docstring_names_every_name_it_exports() -> None:
+    """The docstring is the surface's table of contents: every exported name is in a part."""
+    api = importlib.import_module("ledger.api")
+    words = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", api.__doc__ or ""))
+    assert [name for name in api.__all__ if name not in words] == []

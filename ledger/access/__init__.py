@@ -1,1 +1,8 @@
-"""Who may see and change which account: roles, portal logins, API tokens."""
+"""Who may see and change which account:
+
+    identity   member roles, portal logins and sessions, API tokens (roles_of,
+               member_roles, set_portal_user, portal_user, end_portal_sessions,
+               create_token, authenticate_token, list_tokens, revoke_token)
+
+On top of the books (accounts and members).
+"""

@@ -46,6 +46,8 @@ from ledger.timeutil import format_time, utcnow
 __all__ = [
     "MAX_ADJUSTMENTS_PER_CALL",
     "Adjustment",
+    "adjust",
+    "adjust_hold",
     "adjust_holds",
     "adjust_holds_many",
     "grants_of_accounts",

@@ -38,7 +38,7 @@ from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
 from ledger.timeutil import format_time, parse_seconds
 
-__all__ = ["MAX_UNRESERVED_PER_CALL", "UnreservedRun", "record_unreserved_runs"]
+__all__ = ["MAX_UNRESERVED_PER_CALL", "UnreservedRun", "record_unreserved_run", "record_unreserved_runs"]
 
 # Runs per call: bounds the transaction and the statements' sizes.
 MAX_UNRESERVED_PER_CALL = 10_000

@@ -1,1 +1,8 @@
-"""The bridge's ingested job runs."""
+"""The bridge's side of the store: Slurm's records of job runs as reconciled, and the
+cursors of its readers. No money moves here (that is ledger.api's).
+
+    jobruns         the job_runs projection, the readers' cursors, lean hold views for
+                    reconciliation (upsert_job_runs, load_job_runs, load_hold_views,
+                    read_cursor, write_cursor, JobRunRow)
+    jobrun_records  one compact text per stored run, read in bulk (stored_records_in_turn)
+"""

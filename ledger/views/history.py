@@ -30,6 +30,7 @@ __all__ = [
     "MAX_JOBS_PER_PAGE",
     "JobRecord",
     "RunningTotals",
+    "charge_entries",
     "hold_entries",
     "job_history",
     "job_record",
