@@ -1,7 +1,8 @@
 """Engines and sessions for the two stores: embedded SQLite and PostgreSQL (psycopg 3).
 
-Each mutating transaction locks exactly one customer account row. On PostgreSQL
-that is `SELECT ... FOR UPDATE`; SQLite has one writer anyway, so every SQLite
+A mutating transaction locks the customer account rows it changes (one, but for the
+batches that share a commit: several, in id order). On PostgreSQL that is
+`SELECT ... FOR UPDATE`; SQLite has one writer anyway, so every SQLite
 transaction starts with `BEGIN IMMEDIATE` and takes the write lock up front
 instead of failing later with "database is locked" on upgrade.
 

@@ -1,4 +1,4 @@
-"""Create or upgrade the database with the Alembic migrations shipped in `ledger/migrations`."""
+"""Create or upgrade the database with the Alembic migrations shipped in `ledger/store/migrations`."""
 
 from __future__ import annotations
 
