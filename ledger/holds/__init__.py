@@ -22,4 +22,10 @@ books, the limits and pricing. By act:
     accrual      running jobs' cost so far, on read (cost_so_far, accruals, set_accrual)
     overruns     the daily caps running jobs have crossed (daily_cap_overruns)
     bounds       how much an outage can overspend (current_outage_bound, outage_prices)
+
+Names the acts share inside the package (public here, not in ledger.api): state's
+hold_query, to_state, lock_hold; request's check_job, submit_time, lease_window;
+charges' Allocation, load_allocations, save_allocations_many; create's same_run,
+run_conflict, new_hold, earmark, earmark_rows, hold_amount, hold_fields, hold_memo;
+resolve's settlement_of; adjustments' grants_of_accounts.
 """
