@@ -1,6 +1,6 @@
 """The portal's doors, tried as a hostile tenant and as a local user on the portal's host
 would (issue 27, P1-P10), against the real `gpucredit serve` (waitress) behind a real
-nginx running conf/nginx/gpucredit.conf (the documented deployment: TLS at the proxy,
+nginx running gpucredit/examples/nginx/gpucredit.conf (the documented deployment: TLS at the proxy,
 which adds the proxy secret, the client's address and, for single sign-on, the user),
 and in headless Chromium where a browser matters. Each test replays one attack and
 asserts what the attacker got: nothing, and the ledger unchanged.
