@@ -178,6 +178,10 @@ COMPONENTS: dict[str, Schema] = {
             "partition": nullable({"type": "string"}),
             "credits_per_gpu_hour": CREDITS,
             "effective_at": TIME,
+            "unchanged": {
+                "type": "boolean",
+                "description": "set: true when this price was already in force then, and no version was added",
+            },
         },
     ),
     "Posting": obj(
