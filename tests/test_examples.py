@@ -74,3 +74,46 @@ def test_every_long_running_unit_stops_restarting_without_its_extra() -> None:
     for name in EXAMPLES:
         if name.endswith(".service") and "Restart=always" in example_text(name):
             assert f"RestartPreventExitStatus={EXIT_MISSING_EXTRA}\n" in example_text(name), name
+
+
+def test_the_example_config_is_safe_and_holds_only_keys_the_code_reads() -> None:
+    """Every table and key of the example, set or commented out, is one gpucredit reads (a
+    lost `[portal]` line once put the portal's keys under [daemon], where nothing read
+    them), and it ships what the guide calls off by default off: Slurm's limits from the
+    daemon, scarcity caps, the agents' listener."""
+    import re
+    import tomllib
+
+    from ledger.config import DEFAULTS
+    from portal.payments.providers import PAYMENTS_DEFAULTS
+    from portal.settings import PORTAL_DEFAULTS
+
+    known: dict[str, set[str]] = {table: set(keys) for table, keys in DEFAULTS.items()}
+    known["daemon"] |= {"sockets", "socket_user", "metrics_port", "agent_listen", "munge_socket"}
+    known["agent"] |= {"send_to", "munge_socket"}
+    known["hooks"] = {"log_file"}
+    known["portal"] |= set(PORTAL_DEFAULTS)
+    known["payments"] = set(PAYMENTS_DEFAULTS)
+    known["payments.stripe"] = {"secret_key", "webhook_secret", "tolerance_seconds", "timeout_seconds"}
+    known["policy.outage_credit_lines"] = {"physics"}
+    known["partitions.onprem"] = known["partitions.cloud"] = {"site"}
+    known["routing.accounts.physics"] = {"max_cost", "cloud"}
+    text = example_text("gpucredit.toml")
+    table = None
+    found = []
+    for line in text.splitlines():
+        header = re.match(r"^#? ?\[([a-z_.]+)\]\s*(#.*)?$", line)
+        if header:
+            table = header.group(1)
+            assert table in known, table
+            continue
+        key = re.match(r"^#? ?([a-z_]+) += ", line)
+        if key and table is not None:
+            found.append(f"{table}.{key.group(1)}")
+            assert key.group(1) in known[table], f"{table}.{key.group(1)}"
+    assert len(found) > 60
+    config = tomllib.loads(text)
+    assert config["limits_sync"]["in_daemon"] is False
+    assert "partitions" not in config["scarcity"]
+    assert "send_to" not in config["agent"] and "agent_listen" not in config["daemon"]
+    assert config["portal"]["url"] == "https://gpucredit.example.org/"
