@@ -180,7 +180,7 @@ COMPONENTS: dict[str, Schema] = {
             "effective_at": TIME,
             "unchanged": {
                 "type": "boolean",
-                "description": "set: true when this price was already in force then, and no version was added",
+                "description": "set: true when this price was in force then already: no version added",
             },
         },
     ),
