@@ -180,7 +180,7 @@ def price_set(
             f"since {result['effective_at']}; no new version",
             err=True,
         )
-    emit(result, fmt)
+    emit(result if fmt == "json" else {k: v for k, v in result.items() if k != "unchanged"}, fmt)
 
 
 @price_group.command("list")
