@@ -9,7 +9,7 @@ answered, every one a new user name with a wrong password (the spray that once t
 of milliseconds, and the limit counted per user name only).
 
 Arms:
-- `nginx`: the documented deployment, conf/nginx/gpucredit.conf in front (Debian's
+- `nginx`: the documented deployment, gpucredit/examples/nginx/gpucredit.conf in front (Debian's
   nginx-light, TLS): nginx passes at most 60 logins a minute from one address, the
   portal's own limits stand behind it. /healthz is measured through nginx too.
 - `portal`: the portal alone, its defaults. Failed logins are limited per client address
@@ -280,7 +280,7 @@ def arm(
             url, cafile = f"http://127.0.0.1:{port}", None
             servers = {"portal": [process.pid]}
             if proxy:
-                from tests.nginx import Nginx  # the tests' runner of conf/nginx/gpucredit.conf
+                from tests.nginx import Nginx  # the tests' runner of gpucredit/examples/nginx/gpucredit.conf
 
                 nginx = Nginx(workdir / "nginx", portal_port=port, secret=PROXY_SECRET).start()
                 url, cafile = nginx.url, str(nginx.cert)

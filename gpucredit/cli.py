@@ -10,6 +10,8 @@ import sys
 
 TYPE_CHECKING = False  # not typing's: a hook process imports neither typing nor click
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     import click
 
 
@@ -31,7 +33,84 @@ def main(argv: list[str] | None = None) -> None:
                 pass
             os._exit(code)
         raise SystemExit(code)
-    cli(args=args, prog_name="gpucredit")
+    try:
+        cli(args=args, prog_name="gpucredit")
+    except ModuleNotFoundError as error:
+        extra = EXTRA_OF.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        missing_extra(f"gpucredit {' '.join(args[:1])}".strip(), extra, error)
+    except (OSError, ValueError) as error:
+        problem = config_problem(error)
+        if problem is None:
+            raise
+        message, code = problem
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(code) from None
+
+
+def config_problem(error: BaseException) -> tuple[str, int] | None:
+    """One line and an exit status for a configuration file a command could not read
+    (`GPUCREDIT_CONFIG` naming a missing file, a file this user may not read, a file that
+    is not TOML), or None when `error` is about something else."""
+    import os
+    import tomllib
+
+    from ledger.config import DEFAULT_CONFIG_PATH
+
+    named = os.environ.get("GPUCREDIT_CONFIG")
+    path = named or str(DEFAULT_CONFIG_PATH)
+    if isinstance(error, tomllib.TOMLDecodeError):
+        return f"config_invalid: {path} is not valid TOML: {error}", 2
+    if not isinstance(error, OSError) or error.filename not in (path, str(DEFAULT_CONFIG_PATH)):
+        return None
+    if isinstance(error, FileNotFoundError) and named:
+        return f"config_missing: GPUCREDIT_CONFIG names {named}, which does not exist", 2
+    if isinstance(error, PermissionError):
+        import getpass
+
+        return (
+            f"config_forbidden: user {getpass.getuser()} may not read {error.filename} (it holds the "
+            "ledger's settings and database password, for root and the gpucredit group): "
+            "see balances in the portal, or ask an admin",
+            1,
+        )
+    return f"config_unreadable: {error.filename}: {error.strerror}", 2
+
+
+# Commands whose package needs an optional extra, loaded only when one of them runs, so
+# that `pip install 'gpucredit[postgres]'` (a controller without the portal) runs every
+# other command. name: (module, attribute, extra, the line `gpucredit --help` shows).
+LAZY: dict[str, tuple[str, str, str, str]] = {
+    "serve": ("portal.cli", "serve_command", "portal", "Serve the portal and the JSON API (waitress)."),
+    "token": ("portal.cli", "token_group", "portal", "API tokens (Authorization: Bearer ...)."),
+    "passwd": ("portal.cli", "passwd_command", "portal", "Set a portal login's password (argon2)."),
+    "export": ("portal.cli", "export_group", "portal", "Files other systems read (Open OnDemand)."),
+}
+OUR_PACKAGES = (
+    "accounting_bridge",
+    "gpucredit",
+    "job_submit",
+    "ledger",
+    "portal",
+    "slurm_hooks",
+    "slurmtext",
+)
+# What an optional module is installed with: a command that meets one missing says which
+# extra to install (the portal's commands before they are even loaded: LAZY).
+EXTRA_OF = {
+    "psycopg": "postgres",
+    "flask": "portal",
+    "flask_wtf": "portal",
+    "flask_limiter": "portal",
+    "argon2": "portal",
+    "waitress": "portal",
+    "stripe": "portal",
+    "pynvml": "nvml",
+}
+# The exit status of a command whose extra is not installed (sysexits' EX_CONFIG): the
+# units name it in RestartPreventExitStatus=, so systemd does not restart it in a loop.
+EXIT_MISSING_EXTRA = 78
 
 
 def _build() -> click.Group:
@@ -41,10 +120,9 @@ def _build() -> click.Group:
     and `slurm` (slurm_hooks/admin/, which imports neither ledger nor bridge), each gain
     commands of the bridge's association sync. The root builds each as a copy of its
     owner's group with those added (`_joined`), so no package edits another's group and
-    building the CLI changes no module's objects.
+    building the CLI changes no module's objects. The portal's commands (LAZY) are
+    imported only when one runs.
     """
-    import click
-
     from accounting_bridge.cli import bridge
     from accounting_bridge.nvml.agent import agent_command
     from accounting_bridge.outage.cli import policy
@@ -52,9 +130,9 @@ def _build() -> click.Group:
     from accounting_bridge.sync.fairshare_cli import fairshare
     from accounting_bridge.sync.limits_cli import limits_show_command, limits_sync_command
     from accounting_bridge.sync.slurm_check import slurm_check_command
+    from gpucredit.examples import example_command
     from ledger.cli import COMMANDS as LEDGER_COMMANDS
     from ledger.cli import account_group, limits_group
-    from portal.cli import COMMANDS as PORTAL_COMMANDS
     from slurm_hooks.admin.cli import slurm
 
     # The owner's group (ledger/cli.py, slurm_hooks/admin/cli.py) + accounting_bridge/sync/'s:
@@ -65,22 +143,73 @@ def _build() -> click.Group:
     }
     commands: list[click.Command] = [
         *LEDGER_COMMANDS,  # ledger/cli.py: init, account, user, price, limits, topup, grant, hold, ...
-        *PORTAL_COMMANDS,  # portal/cli.py: serve, token, passwd, export
         slurm,  # slurm_hooks/admin/cli.py: slurm config | install (| check, above)
         bridge,  # accounting_bridge/cli.py: bridge sacct | reconcile | meter
         fairshare,  # accounting_bridge/sync/fairshare_cli.py: fairshare sync | show
         policy,  # accounting_bridge/outage/cli.py: policy bound | spool | readback
         agent_command,  # accounting_bridge/nvml/agent.py: agent
+        example_command,  # gpucredit/examples/: the config, units and proxy files to copy
         _daemon_command(),  # below; what it runs: gpucredit/daemon/__init__.py
-    ]
+    ]  # + LAZY: portal/cli.py: serve, token, passwd, export
 
-    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-    def root() -> None:
-        """Prepaid GPU credits for Slurm clusters."""
-
+    root = _root_class()(
+        context_settings={"help_option_names": ["-h", "--help"]},
+        help="Prepaid GPU credits for Slurm clusters.",
+    )
     for command in commands:
         root.add_command(joined.get(command.name or "", command))
     return root
+
+
+def _root_class() -> type[click.Group]:
+    import importlib
+
+    import click
+
+    class Root(click.Group):
+        """The root group; LAZY's commands are imported when one runs (or its --help)."""
+
+        def list_commands(self, ctx: click.Context) -> list[str]:
+            return sorted({*self.commands, *LAZY})
+
+        def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+            if cmd_name in self.commands or cmd_name not in LAZY:
+                return super().get_command(ctx, cmd_name)
+            module, attribute, extra, _ = LAZY[cmd_name]
+            try:
+                command: click.Command = getattr(importlib.import_module(module), attribute)
+            except ModuleNotFoundError as error:
+                if (error.name or "").split(".")[0] in OUR_PACKAGES:  # a broken install, not an extra
+                    raise
+                missing_extra(f"gpucredit {cmd_name}", extra, error)
+            return command
+
+        def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            rows = []
+            for name in self.list_commands(ctx):
+                if name in LAZY and name not in self.commands:
+                    rows.append((name, LAZY[name][3]))
+                    continue
+                command = self.commands[name]
+                if not command.hidden:
+                    rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+            if rows:
+                with formatter.section("Commands"):
+                    formatter.write_dl(rows)
+
+    return Root
+
+
+def missing_extra(what: str, extra: str, error: ModuleNotFoundError) -> NoReturn:
+    """Say in one line which extra `what` needs, and exit EXIT_MISSING_EXTRA."""
+    from pathlib import Path
+
+    pip = Path(sys.executable).parent / "pip"
+    print(
+        f"error: missing_extra: {what} needs the {extra} extra ({error}): {pip} install 'gpucredit[{extra}]'",
+        file=sys.stderr,
+    )
+    raise SystemExit(EXIT_MISSING_EXTRA)
 
 
 def _joined(group: click.Group, *commands: click.Command) -> click.Group:

@@ -173,7 +173,14 @@ def price_set(
             effective_at=parse_time_option(effective, "effective"),
             idempotency_key=idempotency_key,
         )
-    emit(result, fmt)
+    if result["unchanged"] and fmt == "table":
+        where = f" in partition {result['partition']}" if result["partition"] else ""
+        click.echo(
+            f"price of {gres}{where} unchanged: {result['credits_per_gpu_hour']} credits per GPU-hour "
+            f"since {result['effective_at']}; no new version",
+            err=True,
+        )
+    emit(result if fmt == "json" else {k: v for k, v in result.items() if k != "unchanged"}, fmt)
 
 
 @price_group.command("list")

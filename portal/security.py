@@ -14,7 +14,7 @@ at most `PASSWORD_CHECKS_AT_ONCE` argon2 checks run at once (each takes ~64 MiB 
 core for tens of milliseconds): a login beyond that is told at once to retry (503), so
 logins from many addresses cannot take the threads /healthz and every page need. A
 flood of requests from one address is the reverse proxy's to refuse before it costs the
-portal anything (limit_req in conf/nginx/gpucredit.conf; bench.portal_logins).
+portal anything (limit_req in gpucredit/examples/nginx/gpucredit.conf; bench.portal_logins).
 """
 
 from __future__ import annotations

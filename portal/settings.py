@@ -45,7 +45,7 @@ PORTAL_DEFAULTS: dict[str, Any] = {
     "trusted_proxies": [],  # none by default: header sign-on needs a configured proxy
     "proxy_secret_file": None,
     "password_login": None,  # None: on with auth = "local", off with auth = "header"
-    "secret_key_file": None,  # default: portal-secret-key beside the embedded database
+    "secret_key_file": None,  # default: beside an embedded database, else the StateDirectory
     "cookie_secure": None,  # None: secure unless the portal is served on plain http loopback
     "low_balance_credits": "10",  # the dashboard warns at or below this
     "login_rate_limit": "10 per minute",  # failed logins per user name and client address
@@ -161,26 +161,54 @@ def _cookie_secure(portal: dict[str, Any]) -> bool:
         return portal.get("host") != "localhost"
 
 
+def default_secret_key_file(database_url: str) -> Path | None:
+    """Where the session key is kept when `portal.secret_key_file` is not set: beside an
+    embedded database; else in the unit's state directory (systemd's StateDirectory=
+    sets $STATE_DIRECTORY: /var/lib/gpucredit), else /var/lib/gpucredit. None for an
+    in-memory database, whose portal lasts as long as its process anyway."""
+    if database_url.startswith("sqlite:"):
+        path = database_url.removeprefix("sqlite:///")
+        if path in ("", ":memory:") or database_url in ("sqlite://", "sqlite:///:memory:"):
+            return None
+        return Path(path).parent / "portal-secret-key"
+    state = (os.environ.get("STATE_DIRECTORY") or "").split(":")[0]
+    return Path(state or "/var/lib/gpucredit") / "portal-secret-key"
+
+
 def _secret_key(portal: dict[str, Any], database_url: str) -> str:
-    path = portal.get("secret_key_file")
-    if not path:
-        if database_url.startswith("sqlite:///") and database_url != "sqlite:///:memory:":
-            path = str(Path(database_url.removeprefix("sqlite:///")).parent / "portal-secret-key")
-        else:
-            path = "/etc/gpucredit/portal-secret-key"
-    key_path = Path(path)
+    """The key that signs session cookies, kept in a file so that a restart logs no one
+    out: read, or created (0600) on first start. Never a throwaway key in silence: a
+    portal that can neither read nor create its key file does not start, and says where."""
+    configured = portal.get("secret_key_file")
+    key_path = Path(configured) if configured else default_secret_key_file(database_url)
+    if key_path is None:
+        return secrets.token_hex(32)
     try:
         return private_file_text(key_path, "portal.secret_key_file")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
+    except PermissionError as error:
+        raise PortalConfigError(
+            f"portal.secret_key_file {key_path} cannot be read by this user ({error.strerror}): "
+            "chown it to the portal's user, or set portal.secret_key_file to a file it may read"
+        ) from None
     key = secrets.token_hex(32)
     try:
-        key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another worker wrote it first
-        return private_file_text(key_path, "portal.secret_key_file")
-    except OSError:  # nowhere to keep it: sessions last as long as this process
-        return key
+        try:
+            key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError as error:  # another worker wrote it first, or a file is in the way
+            if error.filename != str(key_path):
+                raise
+            return private_file_text(key_path, "portal.secret_key_file")
+    except OSError as error:
+        raise PortalConfigError(
+            f"portal.secret_key_file {key_path} does not exist and cannot be created "
+            f"({error.strerror}); without a kept key every restart would log everyone out: "
+            "set portal.secret_key_file to a file the portal may write (its unit's StateDirectory, "
+            f"/var/lib/gpucredit), or create it: openssl rand -hex 32 > {key_path}; "
+            f"chown gpucredit {key_path}; chmod 0600 {key_path}"
+        ) from None
     with os.fdopen(fd, "w") as handle:
         handle.write(key + "\n")
     return key

@@ -712,13 +712,6 @@ class _Hook:
             "gpus": {str(index): gpus[index] for index in sorted(gpus)},
         }
 
-    def _notify(self, op: str, record: Mapping[str, Any]) -> str:
-        try:
-            self.client().call(op, **record)
-        except (DaemonRefused, DaemonUnreachable) as e:
-            return f"{op} not delivered ({e})"
-        return f"{op} sent"
-
     def prolog(self) -> int:
         node = self._node()
         if node is None:
@@ -737,13 +730,14 @@ class _Hook:
             return 0
         record = self._record(node, gpus)
         path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
+        # The agent reads this file itself: a node talks to no daemon (compute nodes
+        # reach no controller socket, and hold no ledger credentials).
         try:
             _write_json_atomically(path, record)
             written = f"registered {path}"
         except OSError as e:
             written = f"cannot write {path} ({e})"
-        sent = self._notify("job_started", record)
-        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {written}; {sent}")
+        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {written}")
         return 0
 
     def epilog(self) -> int:
@@ -778,8 +772,7 @@ class _Hook:
             self.log(f"no GPUs on node {node}; nothing to unregister")
             return 0
         record = self._record(node, gpus)
-        sent = self._notify("job_ended", record)
-        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {source}; {sent}")
+        self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {source}")
         return 0
 
 

@@ -356,7 +356,17 @@ class SlurmBox:
                 raise BoxError(f"gpucredit's job_submit.lua is not at {lua}")
         else:
             command, lua = ["/bin/true"], PASSTHROUGH_LUA
-        slurmconf.install(ETC_DIR, self.hook_dir, command, self.config_path, job_submit_lua=str(lua))
+        # The box owns this host's /etc/slurm: it replaces its own experiments (custom_hook,
+        # the bench's wrapper) without the copies an admin's install keeps.
+        slurmconf.install(
+            ETC_DIR,
+            self.hook_dir,
+            command,
+            self.config_path,
+            job_submit_lua=str(lua),
+            force=True,
+            backup=False,
+        )
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         _write(RUN_DIR / "hooks", f"{resolved} {' '.join(command)} {lua}\n")
         return resolved

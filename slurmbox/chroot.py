@@ -388,12 +388,18 @@ class ChrootBox:
         (slurmconf.install) by the root's python, as the host box runs it."""
         python = f"{VENV_BIN}/python"
         if mode == "gpucredit":
-            call = f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, s.launcher_command({python!r}), {CONFIG!r})"
+            call = (
+                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, s.launcher_command({python!r}), {CONFIG!r}, "
+                "force=True, backup=False)"
+            )
         elif mode == "passthrough":
             lua = f"{ETC_DIR}/job_submit.passthrough.lua"
             shutil.copyfile(PASSTHROUGH_LUA, self.inside(lua))
             true = ["/bin/true"]
-            call = f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, {true!r}, {CONFIG!r}, job_submit_lua={lua!r})"
+            call = (
+                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, {true!r}, {CONFIG!r}, job_submit_lua={lua!r}, "
+                "force=True, backup=False)"
+            )
         else:
             raise BoxError(f"hooks must be gpucredit or passthrough, not {mode!r}")
         return [python, "-c", f"from slurm_hooks.admin import slurmconf as s; {call}"]

@@ -143,7 +143,7 @@ def _start_daemon(pid_file: Path, socket: Path, log_name: str) -> None:
 
 def weigh_as_its_unit(pid: int) -> str:
     """Give the daemon three times a default process group's CPU share, as CPUWeight=300
-    in conf/systemd/gpucredit-daemon.service does against slurmctld's default 100: its
+    in gpucredit/examples/systemd/gpucredit-daemon.service does against slurmctld's default 100: its
     session's autogroup at nice -5 weighs 3121 against 1024. Says what it did."""
     autogroup = Path(f"/proc/{pid}/autogroup")
     try:

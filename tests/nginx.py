@@ -2,7 +2,7 @@
 the portal as the documented deployment does: TLS at the proxy, the proxy's secret and
 the client's address added by it, the sign-on header set by it.
 
-The server block is conf/nginx/gpucredit.conf itself, the file the admin guide ships,
+The server block is gpucredit/examples/nginx/gpucredit.conf itself, the file the admin guide ships,
 with this machine's ports and paths put in; `sso=True` turns on its single sign-on
 lines (`#sso`), with nginx's basic auth standing in for the site's sign-on. nginx
 listens on several loopback addresses (127.0.0.2, 127.0.0.3, ...: all loopback on
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER_BLOCK = REPO / "conf" / "nginx" / "gpucredit.conf"
+SERVER_BLOCK = REPO / "gpucredit" / "examples" / "nginx" / "gpucredit.conf"
 NGINX = "/usr/sbin/nginx"
 START_SECONDS = 30.0
 TEMP_KINDS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")

@@ -275,12 +275,14 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
             "accounting_bridge.slurm",
             "accounting_bridge.sync",  # the limits keeper runs the limits sync
             "accounting_bridge.outage",  # the outage keeper runs the read-back
+            "accounting_bridge.nvml",  # the agents' receiver writes the GPU nodes' samples
             "job_submit",
             "ledger",
             "slurm_hooks",
             "slurmtext",
         }
     ),
+    "gpucredit.examples": frozenset(),  # `gpucredit example`: files to copy, and click
     # The CLI root assembles every package's commands; `make demo` serves the portal.
     "gpucredit": frozenset(
         {
@@ -289,6 +291,7 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
             "accounting_bridge.outage",
             "accounting_bridge.sync",
             "gpucredit.daemon",
+            "gpucredit.examples",
             "ledger",
             "portal",
             "slurm_hooks",

@@ -714,3 +714,29 @@ def waiting_on_a_lock(engine: Any) -> bool:
                 )
             ).scalar_one()
         )
+
+
+def test_setting_the_price_already_in_force_adds_no_version(gc, db_url) -> None:
+    """An admin repeating the guide's `price set h100 3.60` adds no duplicate version: the
+    price in force then is that already, so a version would change no price at any time."""
+    versions = lambda: json.loads(gc("price", "list", "--format", "json").output)  # noqa: E731
+    before = versions()
+    again = gc("price", "set", "h100", "3.60")
+    assert again.stderr == (
+        "price of h100 unchanged: 3.60 credits per GPU-hour since 2020-01-01T00:00:00Z; no new version\n"
+    )
+    assert versions() == before
+    # Another price, or the same one where another is in force, is a new version.
+    gc("price", "set", "h100", "4.00", "--effective", "2027-01-01")
+    gc("price", "set", "h100", "3.60", "--effective", "2028-01-01")
+    gc("price", "set", "h100", "4.00", "--effective", "2027-06-01")  # 4.00 already then: none
+    assert [
+        (v["credits_per_gpu_hour"], v["effective_at"][:10]) for v in versions() if v["gres"] == "h100"
+    ] == [
+        ("3.60", "2020-01-01"),
+        ("4.00", "2027-01-01"),
+        ("3.60", "2028-01-01"),
+    ]
+    # A partition's own price is its own: the general 3.60 does not make a cloud 3.60 a repeat.
+    gc("price", "set", "h100", "3.60", "--partition", "cloud")
+    assert len(versions()) == len(before) + 3

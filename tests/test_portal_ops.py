@@ -47,7 +47,7 @@ from tests.fakedaemon import sockdir as sockdir
 from tests.test_daemon import NO_VAL, PARTITIONS, sinfo_runner
 
 REPO = Path(__file__).resolve().parent.parent
-DASHBOARD = REPO / "conf" / "grafana" / "gpucredit.json"
+DASHBOARD = REPO / "gpucredit" / "examples" / "grafana" / "gpucredit.json"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

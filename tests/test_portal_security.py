@@ -1,6 +1,6 @@
 """The portal's doors, tried as a hostile tenant and as a local user on the portal's host
 would (issue 27, P1-P10), against the real `gpucredit serve` (waitress) behind a real
-nginx running conf/nginx/gpucredit.conf (the documented deployment: TLS at the proxy,
+nginx running gpucredit/examples/nginx/gpucredit.conf (the documented deployment: TLS at the proxy,
 which adds the proxy secret, the client's address and, for single sign-on, the user),
 and in headless Chromium where a browser matters. Each test replays one attack and
 asserts what the attacker got: nothing, and the ledger unchanged.
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 
 from ledger import api
 from ledger.store.db import make_engine, make_sessionmaker
@@ -623,6 +624,50 @@ def test_a_session_key_others_can_write_or_read_is_refused(tmp_path: Path) -> No
         assert started.returncode == 2, (mode, started.stderr)
         assert started.stderr.startswith(f"error: portal.secret_key_file {key} {said}"), started.stderr
         key.unlink()
+
+
+def test_with_postgresql_the_session_key_is_kept_in_the_units_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The portal unit's system is read-only but for StateDirectory= (/var/lib/gpucredit,
+    $STATE_DIRECTORY): the key is made there, once, and read back after a restart. It once
+    defaulted to /etc/gpucredit, which the unit cannot write: a throwaway key, and every
+    restart logged everyone out."""
+    from portal.settings import configure
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    config = {"database": {"url": "postgresql+psycopg://gpucredit@db.example.org/gpucredit"}, "portal": {}}
+    first, second = Flask("a"), Flask("b")
+    configure(first, {"GPUCREDIT": config})
+    configure(second, {"GPUCREDIT": config})
+    key = state / "portal-secret-key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert first.config["SECRET_KEY"] == second.config["SECRET_KEY"] == key.read_text().strip()
+
+
+def test_a_session_key_that_cannot_be_kept_stops_the_portal(tmp_path: Path) -> None:
+    """Nowhere to keep the key: the portal says where it tried and what to do, and does not
+    start with a key that would log everyone out at the next restart."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    database = f"sqlite:///{tmp_path / 'l.db'}"
+    config = portal_config(
+        tmp_path / "gpucredit.toml", database, {"secret_key_file": str(blocked / "key"), "metrics_port": 0}
+    )
+    started = subprocess.run(
+        [GPUCREDIT, "serve", "--port", str(free_port())],
+        env={**os.environ, "GPUCREDIT_CONFIG": str(config), "GPUCREDIT_DATABASE_URL": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 2, started.stderr
+    assert started.stderr.startswith(
+        f"error: portal.secret_key_file {blocked / 'key'} does not exist and cannot be created "
+        "(File exists); without a kept key every restart would log everyone out"
+    ), started.stderr
 
 
 # --- P10: the smaller doors ------------------------------------------------------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +36,7 @@ GPUCREDIT_KEYS = (
     "Epilog",
     "AccountingStorageTRES",
     "AccountingStorageEnforce",
+    "AccountingStoreFlags",
     "PriorityType",
     "PriorityWeightFairshare",
 )
@@ -70,11 +73,12 @@ def test_config_lines_content() -> None:
         "Epilog=/opt/hooks/epilog.sh",
         "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100",
         "AccountingStorageEnforce=associations,limits,safe",
+        "AccountingStoreFlags=job_comment",  # the meter's reason for a cancel, in sacct's Comment
         "PriorityType=priority/multifactor",
         "PriorityWeightFairshare=10000",
     ]
     assert lines[0] == "# gpucredit: quote and refuse jobs at submit time (/etc/slurm/job_submit.lua)"
-    assert len(lines) - len(settings) == 6  # a comment per group, two for accounting
+    assert len(lines) - len(settings) == 7  # a comment per group, two for accounting
 
 
 def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:
@@ -82,8 +86,23 @@ def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:
     config.write_text('[prices]\nl40s = "1.10"\nh100 = "3.60"\n')
     printed = _config_output("--hook-dir", "/opt/h", env={"GPUCREDIT_CONFIG": str(config)})
     assert "AccountingStorageTRES=gres/gpu,gres/gpu:l40s,gres/gpu:h100\n" in printed
-    missing = _config_output(env={"GPUCREDIT_CONFIG": str(tmp_path / "absent.toml")})
-    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in missing
+    none = tmp_path / "empty.toml"
+    none.write_text("")
+    default = _config_output(env={"GPUCREDIT_CONFIG": str(none)})
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in default
+    # A config named but missing is a typo, not the defaults.
+    missing = CliRunner().invoke(slurm, ["config"], env={"GPUCREDIT_CONFIG": str(tmp_path / "absent.toml")})
+    assert missing.exit_code == 1
+    assert f"GPUCREDIT_CONFIG names {tmp_path / 'absent.toml'}, which does not exist" in missing.output
+
+
+def test_config_says_which_qos_each_scarce_partition_needs(tmp_path: Path) -> None:
+    config = tmp_path / "gpucredit.toml"
+    config.write_text('[scarcity]\npartitions = ["onprem"]\n')
+    printed = _config_output(env={"GPUCREDIT_CONFIG": str(config)})
+    assert printed.endswith(
+        "#   sacctmgr -i add qos gpucredit-onprem\n#   PartitionName=onprem ... QOS=gpucredit-onprem\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,7 +139,7 @@ def test_install_writes_shims_and_job_submit(tmp_path: Path, fake_exe: Path) -> 
     written = install(str(etc), str(hooks), [str(fake_exe)], str(config), job_submit_lua=str(lua))
 
     assert written == [*(str(hooks / shim_name(h)) for h in HOOKS), str(etc / "job_submit.lua")]
-    assert (etc / "job_submit.lua").read_text() == "return slurm.SUCCESS\n"
+    assert (etc / "job_submit.lua").read_text() == slurmconf.WRITTEN_BY + "return slurm.SUCCESS\n"
     for hook in HOOKS:
         shim = hooks / shim_name(hook)
         assert stat.S_IMODE(shim.stat().st_mode) == 0o755
@@ -217,9 +236,22 @@ def test_install_refuses_relative_paths_and_missing_lua(tmp_path: Path) -> None:
         install(str(tmp_path), str(tmp_path), ["/x"], "/c.toml", job_submit_lua=str(tmp_path / "no"))
 
 
+def folders_config(tmp_path: Path, slurm_user: str = "root") -> Path:
+    """A config whose hook folders are under tmp_path (install makes them)."""
+    config = tmp_path / "gpucredit.toml"
+    config.write_text(
+        f'[hooks]\nlog_file = "{tmp_path / "log" / "hooks.log"}"\n'
+        f'[policy]\noutage_spool_dir = "{tmp_path / "spool" / "outage"}"\n'
+        f'[agent]\nspool_dir = "{tmp_path / "spool" / "jobs" / "%n"}"\n'
+        f'[slurm]\nbin_dir = "{tmp_path / "no-slurm"}"\n'  # no scontrol: SlurmUser from slurm.conf
+        + (f'[daemon]\nsocket_user = "{slurm_user}"\n' if slurm_user != "root" else "")
+    )
+    return config
+
+
 def test_install_command(tmp_path: Path, fake_exe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["install", "--etc-dir", str(tmp_path), "--hook-dir", str(tmp_path / "h")]
-    args += ["--gpucredit-exe", str(fake_exe), "--config", "/etc/g.toml"]
+    args = ["install", "--etc-dir", str(tmp_path), "--hook-dir", str(tmp_path / "h"), "--slurm-user", "root"]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", str(folders_config(tmp_path))]
     lua = tmp_path / "shipped.lua"
     monkeypatch.setattr(slurmconf, "PACKAGED_JOB_SUBMIT_LUA", lua)
 
@@ -233,7 +265,14 @@ def test_install_command(tmp_path: Path, fake_exe: Path, monkeypatch: pytest.Mon
     assert result.output.splitlines() == [
         *(str(tmp_path / "h" / shim_name(h)) for h in HOOKS),
         str(tmp_path / "job_submit.lua"),
+        f"{tmp_path / 'log'} (root, drwxr-xr-x)",
+        f"{tmp_path / 'log' / 'hooks.log'} (root, -rw-r-----)",
+        f"{tmp_path / 'spool' / 'outage'} (root, drwxr-x---)",
+        f"{tmp_path / 'spool' / 'jobs'} (root, drwxr-xr-x)",
     ]
+    again = CliRunner().invoke(slurm, args)  # its own files again: replaced, folders as they were
+    assert again.exit_code == 0, again.output
+    assert len(again.output.splitlines()) == len(HOOKS) + 1
 
 
 def test_by_default_the_shims_run_this_installations_hook_without_site(
@@ -244,8 +283,8 @@ def test_by_default_the_shims_run_this_installations_hook_without_site(
     checkout the launcher's path holds no third-party package, so a hook that grew such
     an import fails here."""
     monkeypatch.setattr(slurmconf, "PACKAGED_JOB_SUBMIT_LUA", Path(__file__))
-    args = ["install", "--etc-dir", str(tmp_path), "--hook-dir", str(tmp_path / "h")]
-    result = CliRunner().invoke(slurm, [*args, "--config", str(tmp_path / "none.toml")])
+    args = ["install", "--etc-dir", str(tmp_path), "--hook-dir", str(tmp_path / "h"), "--slurm-user", "root"]
+    result = CliRunner().invoke(slurm, [*args, "--config", str(folders_config(tmp_path))])
     assert result.exit_code == 0, result.output
     shim = (tmp_path / "h" / "prolog_slurmctld.sh").read_text()
     assert shim.endswith(f"    {sys.executable} -I -S {slurmconf.HOOK_LAUNCHER} hook prolog-slurmctld\n")
@@ -380,7 +419,7 @@ def test_install_bakes_every_daemon_socket_into_job_submit(tmp_path: Path, fake_
     config.write_text('[daemon]\nsockets = ["/run/gc/primary.sock", "/run/gc/backup.sock"]\n')
     install(str(tmp_path / "etc"), str(tmp_path / "h"), [str(fake_exe)], str(config), job_submit_lua=str(lua))
     baked = (tmp_path / "etc" / "job_submit.lua").read_text()
-    assert baked == 'local SOCKET_PATH = "/run/gc/primary.sock /run/gc/backup.sock"\n'
+    assert baked == slurmconf.WRITTEN_BY + 'local SOCKET_PATH = "/run/gc/primary.sock /run/gc/backup.sock"\n'
     config.write_text('[daemon]\nsockets = ["/run/gc/a b.sock"]\n')
     with pytest.raises(ValueError, match="may not be empty or hold spaces"):
         install(
@@ -390,3 +429,195 @@ def test_install_bakes_every_daemon_socket_into_job_submit(tmp_path: Path, fake_
             str(config),
             job_submit_lua=str(lua),
         )
+
+
+# --------------------------------------------------------------------------- a site's own hooks
+
+
+SITE_LUA = """-- the site's own rules
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    return slurm.SUCCESS
+end
+"""
+
+
+def test_install_never_replaces_a_sites_own_job_submit_lua_silently(tmp_path: Path, fake_exe: Path) -> None:
+    """A job_submit.lua (or a Prolog shim) that gpucredit did not write is left alone and
+    nothing at all is written; --force replaces it, keeping a dated copy."""
+    etc, hooks = tmp_path / "etc", tmp_path / "etc" / "gpucredit"
+    etc.mkdir()
+    (etc / "job_submit.lua").write_text(SITE_LUA)
+    args = ["install", "--etc-dir", str(etc), "--hook-dir", str(hooks), "--slurm-user", "root"]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", str(folders_config(tmp_path))]
+    refused = CliRunner().invoke(slurm, args)
+    assert refused.exit_code == 1
+    assert refused.output == (
+        f"Error: {etc / 'job_submit.lua'}: not written by gpucredit (a site's own?); nothing was changed. "
+        "Merge them (docs/admin-guide.md §2, A site's own hooks: --job-submit-to), "
+        "or pass --force to replace them (each kept as NAME.bak-TIME)\n"
+    )
+    assert (etc / "job_submit.lua").read_text() == SITE_LUA
+    assert not hooks.exists() and not (tmp_path / "log").exists()
+
+    forced = CliRunner().invoke(slurm, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+    (copy,) = etc.glob("job_submit.lua.bak-*")
+    assert copy.read_text() == SITE_LUA
+    assert forced.output.splitlines()[0] == f"{copy} (a copy of the file replaced)"
+    assert (etc / "job_submit.lua").read_text().startswith(slurmconf.WRITTEN_BY)
+    # gpucredit's own files (this install's, or an older one's) are replaced without --force.
+    assert CliRunner().invoke(slurm, args).exit_code == 0
+    assert len(list(etc.glob("job_submit.lua.bak-*"))) == 1
+
+
+def test_a_site_keeps_its_job_submit_lua_and_calls_gpucredits(tmp_path: Path, fake_exe: Path) -> None:
+    """--job-submit-to writes gpucredit's script beside the site's, which stays as it is
+    and is dated ahead, so that slurmctld loads both again."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    site = etc / "job_submit.lua"
+    site.write_text(SITE_LUA)
+    os.utime(site, (1_000_000_000, 1_000_000_000))
+    ours = etc / "gpucredit" / "job_submit.lua"
+    args = ["install", "--etc-dir", str(etc), "--hook-dir", str(etc / "gpucredit"), "--slurm-user", "root"]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", str(folders_config(tmp_path))]
+    done = CliRunner().invoke(slurm, [*args, "--job-submit-to", str(ours)])
+    assert done.exit_code == 0, done.output
+    assert str(ours) in done.output.splitlines()
+    assert ours.read_text().startswith(slurmconf.WRITTEN_BY)
+    assert site.read_text() == SITE_LUA
+    assert site.stat().st_mtime > time.time()
+
+
+def lua_run(script: str) -> str:
+    done = subprocess.run(["lua5.1", "-e", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_example_site_wrapper_runs_the_sites_rules_then_gpucredits(tmp_path: Path) -> None:
+    """gpucredit/examples/slurm/job_submit.lua under Slurm's Lua (5.1): each script in an
+    environment of its own; a job the site refuses is never quoted."""
+    from gpucredit.examples import example_text
+
+    if subprocess.run(["sh", "-c", "command -v lua5.1"], capture_output=True).returncode != 0:
+        pytest.skip("lua5.1 not installed (apt-get install lua5.1)")
+    site = tmp_path / "site.lua"
+    site.write_text(
+        "local refused = 'nope'\n"
+        "function slurm_job_submit(job_desc, part_list, uid)\n"
+        "  print('site: ' .. job_desc.name)\n"
+        "  if job_desc.name == refused then return slurm.ERROR end\n"
+        "  return slurm.SUCCESS\n"
+        "end\n"
+        "function slurm_job_modify(job_desc, job_rec, part_list, uid) return slurm.SUCCESS end\n"
+    )
+    ours = tmp_path / "gpucredit.lua"
+    ours.write_text(
+        "function slurm_job_submit(job_desc, part_list, uid)\n"
+        "  print('gpucredit: ' .. job_desc.name)\n"
+        "  return slurm.SUCCESS\n"
+        "end\n"
+        "function slurm_job_modify(job_desc, job_rec, part_list, uid) return slurm.SUCCESS end\n"
+        "return slurm.SUCCESS\n"
+    )
+    wrapper = tmp_path / "job_submit.lua"
+    wrapper.write_text(
+        example_text("slurm/job_submit.lua")
+        .replace("/etc/slurm/job_submit.site.lua", str(site))
+        .replace("/etc/slurm/gpucredit/job_submit.lua", str(ours))
+    )
+    out = lua_run(
+        "slurm = {SUCCESS = 0, ERROR = -1}\n"
+        f"assert(dofile('{wrapper}') == 0)\n"
+        "print(slurm_job_submit({name = 'train'}, {}, 1001))\n"
+        "print(slurm_job_submit({name = 'nope'}, {}, 1001))\n"
+        "print(refused == nil)\n"  # the scripts' own globals stay in their environments
+    )
+    assert out == "site: train\ngpucredit: train\n0\nsite: nope\n-1\ntrue\n"
+
+
+# --------------------------------------------------------------------------- the hooks' folders
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A folder other users may enter (pytest's tmp_path is root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpucredit-install-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_install_gives_the_hooks_folders_to_slurmuser(open_tmp: Path, fake_exe: Path) -> None:
+    """With Debian's SlurmUser (here `daemon`, a user that exists everywhere) the
+    controller's hooks can write their log and the outage spool: root-owned folders
+    once made the hooks skip their log in silence."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    tmp_path = open_tmp
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text("ClusterName=lab\nSlurmUser=daemon # Debian: slurm\n")
+    args = ["install", "--etc-dir", str(etc), "--hook-dir", str(etc / "gpucredit")]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", str(folders_config(tmp_path, "daemon"))]
+    done = CliRunner().invoke(slurm, args, env={"PATH": "/nonexistent"})
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[len(HOOKS) + 1 :] == [
+        f"{tmp_path / 'log'} (daemon, drwxr-xr-x)",
+        f"{tmp_path / 'log' / 'hooks.log'} (daemon, -rw-r-----)",
+        f"{tmp_path / 'spool' / 'outage'} (daemon, drwxr-x---)",
+        f"{tmp_path / 'spool' / 'jobs'} (root, drwxr-xr-x)",  # the node Prolog runs as SlurmdUser
+    ]
+    as_slurm = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "daemon",
+            "--",
+            "sh",
+            "-c",
+            f"echo x >> {tmp_path / 'log' / 'hooks.log'} && touch {tmp_path / 'spool' / 'outage' / 'runs'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert as_slurm.returncode == 0, as_slurm.stderr
+
+
+def test_slurmuser_is_read_from_scontrol_then_slurm_conf(tmp_path: Path) -> None:
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\necho 'SlurmUser               = slurm(64030)'\necho 'SlurmdUser = root(0)'\n"
+    )
+    scontrol.chmod(0o755)
+    assert slurmconf.slurm_users(str(tmp_path), str(scontrol)) == ("slurm", "root", "scontrol show config")
+    (tmp_path / "slurm.conf").write_text("# SlurmUser=nobody\nslurmuser = munge\n")
+    assert slurmconf.slurm_users(str(tmp_path), str(tmp_path / "none")) == (
+        "munge",
+        "root",
+        str(tmp_path / "slurm.conf"),
+    )
+    assert slurmconf.slurm_users(str(tmp_path / "x"), None) == ("root", "root", "Slurm's defaults")
+
+
+def test_install_warns_when_the_daemons_socket_is_not_slurmusers(tmp_path: Path, fake_exe: Path) -> None:
+    args = [
+        "install",
+        "--etc-dir",
+        str(tmp_path),
+        "--hook-dir",
+        str(tmp_path / "h"),
+        "--slurm-user",
+        "daemon",
+    ]
+    args += ["--gpucredit-exe", str(fake_exe), "--config", str(folders_config(tmp_path))]
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    done = CliRunner().invoke(slurm, args)
+    assert done.exit_code == 0, done.output
+    assert done.stderr == (
+        "warning: SlurmUser is daemon (--slurm-user) but daemon.socket_user is not set: the "
+        "controller's hooks cannot open the daemon's socket (0600); set daemon.socket_user = \"daemon\" "
+        "and restart the daemon\n"
+    )

@@ -5,14 +5,18 @@ Each tick samples every GPU unit (a whole GPU or a MIG instance,
 from the registry files the node Prolog wrote (``agent.spool_dir``, ``%n`` = the node
 name), and charges the time since the previous tick to the owners
 (:class:`~accounting_bridge.nvml.sampler.UsageAccumulator`). A unit nobody owns is
-charged to nobody. Then it adds what changed to the ledger database's ``gpu_usage``
-(:func:`ledger.api.add_gpu_usage`): metrics, never charges.
+charged to nobody. Then it adds what changed to the ledger's ``gpu_usage``
+(:func:`ledger.api.add_gpu_usage`): metrics, never charges. On a GPU node it sends them,
+signed with MUNGE, to the controller's daemon (``agent.send_to``, channel.py), so the node
+holds no ledger credentials; without ``send_to`` it writes the database itself (one host).
 
 Why increments of cumulative integers: the accumulator keeps float totals per job
 run and GPU type; the agent sends ``int(total) - already sent`` (rounded half-up
 once, on the total, so a run's busy seconds never drift by a rounding per tick).
 The database adds increments, so an agent restart loses at most one unsent
-interval, never the stored totals; a failed write is retried whole next tick.
+interval, never the stored totals; a failed write is retried whole next tick. A batch
+sent whose answer was lost is first settled (its very credential resent: channel.py),
+so it is never counted twice.
 A finished run (its registry file gone) leaves memory once it is fully sent.
 
 The first tick after start charges one nominal interval: the sample stands for the
@@ -35,6 +39,7 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session
 
+from accounting_bridge.nvml.channel import MungeSender, NotSent, Unsure, parse_address
 from accounting_bridge.nvml.nvml_fake import FakeGpu, FakeNvml
 from accounting_bridge.nvml.sampler import GpuRegistry, GpuUsage, JobRunKey, UsageAccumulator, sample_node
 from ledger.api import UsageDelta, add_gpu_usage
@@ -97,20 +102,27 @@ class Agent:
         node: str,
         nvml: Any,
         registry: GpuRegistry,
-        sessions: Sessions,
+        sessions: Sessions | None = None,
+        sender: MungeSender | None = None,
         interval_seconds: float = 10.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Writes through `sessions` (the database) or `sender` (MUNGE to the controller)."""
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds must be positive, got {interval_seconds}")
+        if (sessions is None) == (sender is None):
+            raise ValueError("an agent writes through sessions or a sender, one of them")
         self.node = node
         self.nvml = nvml
         self.registry = registry
         self.sessions = sessions
+        self.sender = sender
         self.interval_seconds = interval_seconds
         self.monotonic = monotonic
         self.accumulator = UsageAccumulator()
         self._sent: dict[tuple[JobRunKey, str], tuple[int, int, int, int]] = {}
+        # The totals a batch sent without an answer would bring `_sent` to (sender only).
+        self._unsure: dict[tuple[JobRunKey, str], tuple[int, int, int, int]] | None = None
         self._last_tick: float | None = None
 
     def tick(self) -> AgentTick:
@@ -141,6 +153,11 @@ class Agent:
         return report
 
     def _send(self) -> int:
+        if self._unsure is not None and self.sender is not None:
+            # Learn whether the last batch was written before sending its rows again.
+            if self.sender.settle():  # NotSent: still unknown, the next tick asks again
+                self._sent.update(self._unsure)
+            self._unsure = None
         deltas: list[UsageDelta] = []
         totals: dict[tuple[JobRunKey, str], tuple[int, int, int, int]] = {}
         for key, by_gres in self.accumulator.usage.items():
@@ -162,7 +179,13 @@ class Agent:
                         peak_memory_bytes=total[3],
                     )
                 )
-        if deltas:
+        if deltas and self.sender is not None:
+            try:
+                self.sender.send(deltas)
+            except Unsure:
+                self._unsure = totals
+                raise
+        elif deltas and self.sessions is not None:
             with self.sessions() as s:
                 add_gpu_usage(s, deltas)
         self._sent.update(totals)  # only after the write committed
@@ -191,6 +214,8 @@ class Agent:
             report = self.tick()
         except SQLAlchemyError as exc:  # the ledger is down: totals stay in memory, sent later
             log.error("agent %s: could not write gpu_usage: %s", self.node, exc)
+        except (NotSent, Unsure) as exc:  # the controller is unreachable: sent later
+            log.error("agent %s: GPU usage not sent: %s", self.node, exc)
         except self.nvml.NVMLError as exc:  # driver trouble; the next tick samples again
             log.error("agent %s: NVML: %s", self.node, exc)
         else:
@@ -246,25 +271,23 @@ def agent_command(
     """Node GPU sampler: busy GPU-seconds per job run into the ledger's gpu_usage."""
     import json
 
-    from accounting_bridge.nvml.sampler import import_pynvml
-    from ledger.cli_support import transaction
     from ledger.config import load_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config()
     node = node or socket.gethostname().split(".")[0]
+    writes = _writer(config, node)
     if fake_spec is not None:
         try:
             nvml: Any = fake_nvml_from_spec(fake_spec, node)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--fake-nvml") from None
     else:
-        try:
-            nvml = import_pynvml()
-        except ImportError:
-            raise click.UsageError(
-                "pynvml (nvidia-ml-py) is not installed; use --fake-nvml on GPU-less hosts"
-            ) from None
+        from accounting_bridge.nvml.sampler import import_pynvml
+
+        # Without the nvml extra this is ModuleNotFoundError: the CLI root says which
+        # extra in one line and exits 78, which the unit does not restart.
+        nvml = import_pynvml()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -274,7 +297,7 @@ def agent_command(
         node=node,
         nvml=nvml,
         registry=GpuRegistry(spool_dir),
-        sessions=transaction,
+        **writes,
         interval_seconds=interval_seconds or float(config["agent"]["interval_seconds"]),
     )
     try:
@@ -291,3 +314,32 @@ def agent_command(
             agent.run(stop=stop)
     finally:
         nvml.nvmlShutdown()
+
+
+def _writer(config: dict[str, Any], node: str) -> dict[str, Any]:
+    """How this agent writes: `sender` to the controllers of `agent.send_to` (MUNGE), or
+    `sessions` of the database when the config names one (database.url: one host)."""
+    send_to = config["agent"].get("send_to")
+    if isinstance(send_to, str):
+        send_to = [send_to]
+    if send_to:
+        from accounting_bridge.nvml.munge import Munge, MungeUnavailable
+
+        try:
+            addresses = [parse_address(str(address)) for address in send_to]
+        except ValueError as exc:
+            raise click.UsageError(f"agent.send_to: {exc}") from None
+        try:
+            munge = Munge(socket=config["agent"].get("munge_socket"))
+        except MungeUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        return {"sender": MungeSender(munge, addresses, node)}
+    from ledger.cli_support import transaction
+    from ledger.config import default_sqlite_url
+
+    if config["database"]["url"] == default_sqlite_url():
+        raise click.UsageError(
+            "set agent.send_to to the controller's daemon (host:port of its daemon.agent_listen; "
+            "GPU nodes hold no ledger credentials), or database.url on a single host"
+        )
+    return {"sessions": transaction}

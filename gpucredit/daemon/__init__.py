@@ -19,12 +19,16 @@ What it runs, all composed in `server.Daemon` (docs/design.md §3.9; `gpucredit 
     outage keeper     outage_keeper                         the hooks' price sheet and the
                                                             spool read back (docs/outage.md)
     metrics           metrics                               /metrics on `daemon.metrics_port`
+    agents            accounting_bridge.nvml.receiver       GPU nodes' samples, MUNGE-signed, on
+                                                            `daemon.agent_listen` (a thread per
+                                                            connection)
 
 job_submit/ holds both sides of job_submit's protocol (the Lua script and the Python that
 answers it), as the project was specified; the sync and the read-back the keepers run are
 the bridge's (accounting_bridge/sync/, accounting_bridge/outage/), which admins also run
-by hand. Hook processes never import this package (they are stdlib clients,
-`slurm_hooks`), so SQLAlchemy never reaches a prolog; tests/test_runtimes.py keeps it so.
+by hand, and so is the agents' receiver (accounting_bridge/nvml/). Hook processes never
+import this package (they are stdlib clients, `slurm_hooks`), so SQLAlchemy never reaches
+a prolog; tests/test_runtimes.py keeps it so.
 """
 
 from gpucredit.daemon.server import Daemon

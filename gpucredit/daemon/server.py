@@ -150,8 +150,8 @@ class Daemon:
             "hold": lambda request: service.reply_result(self.batches.submit("hold", request)),
             "settle": lambda request: service.reply_result(self.batches.submit("settle", request)),
             "hold_together": lambda request: self.batches.submit("hold_together", request),
-            # Node hooks announce GPU registrations; the agent reads the registry files
-            # themselves, so the daemon only acknowledges these.
+            # Node hooks of an older install announced GPU registrations; today's send
+            # nothing (the agent reads the registry files), so these are only acknowledged.
             "job_started": lambda request: {},
             "job_ended": lambda request: {},
         }
@@ -451,6 +451,7 @@ class Daemon:
             threading.Thread(
                 target=self.limits.run_forever, args=(stop, release_interval or 2.0), daemon=True
             ).start()
+        self.agents = _agent_receiver(self.config, self.sessions, owner, stop)
         port = daemon_metrics.metrics_port(self.config)
         stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)
         try:  # so the first quote does not wait on the database either
@@ -492,6 +493,34 @@ class Daemon:
             path.unlink(missing_ok=True)
             self.engine.dispose()
             log.info("gpucredit daemon stopped")
+
+
+def _agent_receiver(
+    config: dict[str, Any], sessions: Any, socket_user: str | None, stop: threading.Event
+) -> Any:
+    """The GPU nodes' agents send their samples here, MUNGE-signed, when `daemon.agent_listen`
+    (host:port) is set (accounting_bridge/nvml/receiver.py). A bad address stops the daemon
+    at start; a port already taken, or no munged, is logged and the daemon serves Slurm."""
+    listen = config["daemon"].get("agent_listen")
+    if not listen:
+        return None
+    from accounting_bridge.nvml.channel import parse_address
+    from accounting_bridge.nvml.munge import Munge, MungeUnavailable
+    from accounting_bridge.nvml.receiver import UsageReceiver, allowed_uids
+
+    try:
+        host, port = parse_address(str(listen))
+    except ValueError as error:
+        raise ValueError(f"daemon.agent_listen: {error}") from None
+    try:
+        receiver = UsageReceiver(
+            Munge(socket=config["daemon"].get("munge_socket")), sessions, allowed=allowed_uids(socket_user)
+        )
+        receiver.serve(host, port, stop)
+    except (OSError, MungeUnavailable) as error:
+        log.error("the agents' GPU usage is not taken on %s: %s", listen, error)
+        return None
+    return receiver
 
 
 def _lock_batch_accounts(s: Any, batch: Sequence[Pending]) -> LockedBatch:

@@ -128,6 +128,18 @@ def set_price(
 
     def insert_version() -> dict[str, Any]:
         now = utcnow()
+        at = effective_at or now
+        in_force = _exact_version_at(s, gres, partition, at)
+        if in_force is not None and in_force[1] == amount:
+            # A version at `at` with the price already in force then changes no price at any
+            # time (a later version still wins after its own time): add none, and say so.
+            return {
+                "gres": gres,
+                "partition": partition,
+                "credits_per_gpu_hour": format_credits(amount),
+                "effective_at": format_time(in_force[0]),
+                "unchanged": True,
+            }
         s.execute(
             insert(prices_t).values(
                 gres=gres,
@@ -142,11 +154,27 @@ def set_price(
             "partition": partition,
             "credits_per_gpu_hour": format_credits(amount),
             "effective_at": format_time(effective_at or now),
+            "unchanged": False,
         }
 
     return idempotency.once(
         s, idempotency.GLOBAL_SCOPE, idempotency_key, "price_set", request, insert_version
     )
+
+
+def _exact_version_at(
+    s: Session, gres: str, partition: str | None, at: datetime
+) -> tuple[datetime, int] | None:
+    """(effective_at, price) of the version of exactly this type and partition (no general
+    fallback) in force at `at`, by PriceTable's rule; None when there is none."""
+    where = prices_t.c.partition.is_(None) if partition is None else prices_t.c.partition == partition
+    rows = s.execute(
+        select(prices_t.c.effective_at, prices_t.c.ucredits_per_gpu_hour)
+        .where(prices_t.c.gres == gres, where, prices_t.c.effective_at <= at)
+        .order_by(prices_t.c.effective_at.desc(), prices_t.c.id.desc())
+        .limit(1)
+    ).first()
+    return None if rows is None else (rows[0], int(rows[1]))
 
 
 PriceRow = tuple[str, str | None, datetime, int]

@@ -180,6 +180,10 @@ COMPONENTS: dict[str, Schema] = {
             "partition": nullable({"type": "string"}),
             "credits_per_gpu_hour": CREDITS,
             "effective_at": TIME,
+            "unchanged": {
+                "type": "boolean",
+                "description": "set: true when this price was in force then already: no version added",
+            },
         },
     ),
     "Posting": obj(

@@ -15,31 +15,59 @@ import click
 from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
+    NotOurs,
     install,
     launcher_command,
+    prepare_folders,
+    read_hook_settings,
     slurm_conf_lines,
+    slurm_users,
 )
 
 DEFAULT_CONFIG = "/etc/gpucredit/gpucredit.toml"
 DEFAULT_GRES = ("a100", "h100")
 
 
-def _config_path() -> str:
-    return os.environ.get("GPUCREDIT_CONFIG", DEFAULT_CONFIG)
+def _config_path(given: str | None = None) -> str:
+    """The config file: --config, else GPUCREDIT_CONFIG, else the default. One that was
+    named (not the default) must exist: a typo must not install the default settings."""
+    named = given or os.environ.get("GPUCREDIT_CONFIG")
+    if named and not os.path.isfile(named):
+        what = "--config" if given else "GPUCREDIT_CONFIG"
+        raise click.ClickException(f"{what} names {named}, which does not exist")
+    return named or DEFAULT_CONFIG
+
+
+def _read_config(config_path: str) -> dict[str, object]:
+    try:
+        with open(config_path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise click.ClickException(f"cannot read {config_path}: {e}") from e
 
 
 def configured_gres_types(config_path: str) -> list[str]:
     """GPU types priced in the config file (`[prices]` keys), else a100 and h100."""
-    try:
-        with open(config_path, "rb") as f:
-            prices = tomllib.load(f).get("prices")
-    except FileNotFoundError:
-        return list(DEFAULT_GRES)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise click.ClickException(f"cannot read {config_path}: {e}") from e
+    prices = _read_config(config_path).get("prices")
     if isinstance(prices, dict) and prices:
         return list(prices)
     return list(DEFAULT_GRES)
+
+
+def scarcity_lines(config_path: str) -> str:
+    """For each partition under [scarcity]: the QOS it needs, as comments to act on."""
+    scarcity = _read_config(config_path).get("scarcity")
+    partitions = scarcity.get("partitions") if isinstance(scarcity, dict) else None
+    if not isinstance(partitions, list) or not partitions:
+        return ""
+    lines = ["# gpucredit: scarcity caps ([scarcity] partitions) need a QOS of each partition's own;"]
+    lines.append("# create it before slurmctld reads the partition line (it will not start without it):")
+    for partition in partitions:
+        lines.append(f"#   sacctmgr -i add qos gpucredit-{partition}")
+        lines.append(f"#   PartitionName={partition} ... QOS=gpucredit-{partition}")
+    return "\n".join(lines) + "\n"
 
 
 def _parse_gres(value: str | None) -> list[str] | None:
@@ -78,12 +106,13 @@ def slurm() -> None:
 )
 def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None:
     """Print the lines to add to slurm.conf."""
-    types = _parse_gres(gres) or configured_gres_types(_config_path())
+    config_path = _config_path()
+    types = _parse_gres(gres) or configured_gres_types(config_path)
     try:
         text = slurm_conf_lines(hook_dir, types, job_submit_dir)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    click.echo(text, nl=False)
+    click.echo(text + scarcity_lines(config_path), nl=False)
 
 
 @slurm.command("install")
@@ -101,14 +130,74 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
     default=None,
     help=f"Config file the hooks read [default: $GPUCREDIT_CONFIG or {DEFAULT_CONFIG}].",
 )
-def install_command(etc_dir: str, hook_dir: str, gpucredit_exe: str | None, config_path: str | None) -> None:
-    """Write the hook shims and job_submit.lua (run as root on the controller)."""
+@click.option(
+    "--job-submit-to",
+    default=None,
+    metavar="PATH",
+    help="Write gpucredit's job_submit.lua here, for a site whose own job_submit.lua calls it "
+    "(`gpucredit example slurm/job_submit.lua`) [default: ETC_DIR/job_submit.lua].",
+)
+@click.option(
+    "--slurm-user",
+    default=None,
+    metavar="USER",
+    help="SlurmUser, who owns the hooks' log and outage spool [default: scontrol show config, "
+    "else slurm.conf's SlurmUser, else root].",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace hook files and a job_submit.lua gpucredit did not write (each kept as NAME.bak-TIME).",
+)
+def install_command(
+    etc_dir: str,
+    hook_dir: str,
+    gpucredit_exe: str | None,
+    config_path: str | None,
+    job_submit_to: str | None,
+    slurm_user: str | None,
+    force: bool,
+) -> None:
+    """Write the hook shims and job_submit.lua, and make the folders the hooks write (as
+    root, on the controller and on each GPU node)."""
+    import pwd
+
+    path = _config_path(config_path)
+    try:
+        settings = read_hook_settings(path)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"cannot read {path}: {e}") from e
+    bin_dir = str(settings.get("slurm", {}).get("bin_dir") or "/usr/bin")
+    found_user, slurmd_user, where = slurm_users(etc_dir, os.path.join(bin_dir, "scontrol"))
+    user = slurm_user or found_user
+    where = "--slurm-user" if slurm_user else where
+    try:
+        pwd.getpwnam(user)
+        pwd.getpwnam(slurmd_user)
+    except KeyError as e:
+        raise click.ClickException(f"no such user {e} (SlurmUser from {where}); pass --slurm-user") from e
     try:
         command = [gpucredit_exe] if gpucredit_exe else launcher_command(sys.executable)
-        written = install(etc_dir, hook_dir, command, config_path or _config_path())
+        written = install(etc_dir, hook_dir, command, path, job_submit_to=job_submit_to, force=force)
+        folders = prepare_folders(settings, user, slurmd_user)
+    except NotOurs as e:
+        raise click.ClickException(
+            f"{', '.join(e.paths)}: not written by gpucredit (a site's own?); nothing was changed. "
+            "Merge them (docs/admin-guide.md §2, A site's own hooks: --job-submit-to), "
+            "or pass --force to replace them (each kept as NAME.bak-TIME)"
+        ) from None
     except (ValueError, FileNotFoundError) as e:
         raise click.UsageError(str(e)) from e
     except PermissionError as e:
         raise click.ClickException(f"{e} (run as root)") from e
-    for path in written:
-        click.echo(path)
+    for line in [*written, *folders]:
+        click.echo(line)
+    socket_user = _read_config(path).get("daemon", {})
+    socket_user = socket_user.get("socket_user") if isinstance(socket_user, dict) else None
+    if user != "root" and socket_user != user:
+        click.echo(
+            f"warning: SlurmUser is {user} ({where}) but daemon.socket_user is "
+            f"{socket_user or 'not set'}: the controller's hooks cannot open the daemon's socket "
+            f'(0600); set daemon.socket_user = "{user}" and restart the daemon',
+            err=True,
+        )

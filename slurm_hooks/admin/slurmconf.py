@@ -12,6 +12,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import stat
 import tempfile
 import time
 import tomllib
@@ -27,12 +29,16 @@ __all__ = [
     "HOOKS",
     "HOOK_LAUNCHER",
     "PACKAGED_JOB_SUBMIT_LUA",
+    "NotOurs",
     "install",
+    "is_ours",
     "launcher_command",
+    "prepare_folders",
     "read_hook_settings",
     "render_shim",
     "shim_name",
     "slurm_conf_lines",
+    "slurm_users",
 ]
 
 DEFAULT_ETC_DIR = "/etc/slurm"
@@ -118,6 +124,8 @@ def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) 
         "# the GPU limits and blocks of `gpucredit limits sync` (safe: only jobs a GrpTRESMins can finish)",
         f"AccountingStorageTRES={tres}",
         "AccountingStorageEnforce=associations,limits,safe",
+        "# gpucredit: keep a job's comment in sacct (the meter's reason when it cancels a job)",
+        "AccountingStoreFlags=job_comment",
         "# gpucredit: fairshare from credit and usage (`gpucredit fairshare sync` sets the shares)",
         "PriorityType=priority/multifactor",
         "PriorityWeightFairshare=10000",
@@ -199,6 +207,25 @@ def _lua_string(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
+# The first line of every job_submit.lua `install` writes: how a later install knows the
+# file is its own to replace (the shims say the same in their comment).
+WRITTEN_BY = "-- Written by `gpucredit slurm install`: run it again rather than editing this copy.\n"
+# What marks a file as gpucredit's: the line above, the shims' comment, and the first lines
+# of the scripts installs wrote before that line existed (gpucredit's, the box's pass-through).
+_OURS = (
+    "written by `gpucredit slurm install`",
+    "--[[\ngpucredit job_submit.lua",
+    "-- Pass-through job_submit.lua",
+)
+
+
+def is_ours(text: str) -> bool:
+    """Whether an existing hook file or job_submit.lua was written by gpucredit (so an
+    install may replace it), as against a site's own script."""
+    head = text[:400]
+    return any(mark.lower() in head.lower() for mark in _OURS)
+
+
 def render_job_submit(source: str, config_path: str) -> str:
     """Bake the daemon's socket, the unreachable-ledger policy and a timeout into the script
     (slurmctld gives job_submit.lua no way to read a config file cheaply)."""
@@ -218,7 +245,7 @@ def render_job_submit(source: str, config_path: str) -> str:
     }
     for placeholder, value in values.items():
         source = source.replace(f'"{placeholder}"', f'"{_lua_string(value)}"')
-    return source
+    return source if source.startswith(WRITTEN_BY) else WRITTEN_BY + source
 
 
 def _newer_than_any_load(path: Path) -> None:
@@ -231,6 +258,14 @@ def _newer_than_any_load(path: Path) -> None:
     os.utime(path, (stamp, stamp))
 
 
+class NotOurs(Exception):
+    """Files install would replace that gpucredit did not write (a site's own hooks)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        super().__init__(", ".join(paths))
+        self.paths = list(paths)
+
+
 def install(
     etc_dir: str,
     hook_dir: str,
@@ -238,13 +273,23 @@ def install(
     config_path: str,
     *,
     job_submit_lua: str | None = None,
+    job_submit_to: str | None = None,
+    force: bool = False,
+    backup: bool = True,
+    now: float | None = None,
 ) -> list[str]:
-    """Write the four hook shims into `hook_dir` and job_submit.lua into `etc_dir`.
+    """Write the four hook shims into `hook_dir` and job_submit.lua into `etc_dir` (or
+    `job_submit_to`, for a site whose own job_submit.lua calls gpucredit's).
 
     The shims run `<command> hook <name>` (see `render_shim`). `job_submit_lua` is
     the script to install; by default the one gpucredit ships. Both carry the
     settings they need from `config_path` as it is now, so run this again after
     changing the config. Returns the paths written. Files are replaced atomically.
+
+    A file in the way that gpucredit did not write and that differs from what would be
+    written (a site's own job_submit.lua or Prolog) is never replaced silently: NotOurs,
+    and nothing is written; with `force` it is kept as `<name>.bak-<UTC time>` first
+    (`backup=False`: not kept, for the Slurm box, which replaces its own experiments).
     """
     etc = Path(_require_absolute("etc_dir", etc_dir))
     hooks = Path(_require_absolute("hook_dir", hook_dir))
@@ -252,17 +297,130 @@ def install(
     if not lua_source.is_file():
         raise FileNotFoundError(f"job_submit.lua not found at {lua_source}")
     settings = read_hook_settings(_require_absolute("config_path", config_path))
-    shims = {hook: render_shim(hook, command, config_path, settings) for hook in HOOKS}
+    lua_target = (
+        Path(_require_absolute("job_submit_to", job_submit_to)) if job_submit_to else etc / "job_submit.lua"
+    )
+    texts = {hooks / shim_name(hook): render_shim(hook, command, config_path, settings) for hook in HOOKS}
+    texts[lua_target] = render_job_submit(lua_source.read_text(), config_path)
 
+    in_the_way = [path for path, text in texts.items() if _foreign(path, text)]
+    if in_the_way and not force:
+        raise NotOurs([str(path) for path in in_the_way])
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    written = []
+    for path in in_the_way if backup else []:
+        copy = path.with_name(f"{path.name}.bak-{stamp}")
+        shutil.copy2(path, copy)
+        written.append(f"{copy} (a copy of the file replaced)")
     hooks.mkdir(mode=0o755, parents=True, exist_ok=True)
     etc.mkdir(mode=0o755, parents=True, exist_ok=True)
-    written = []
-    for hook, text in shims.items():
-        path = hooks / shim_name(hook)
-        _write_atomically(path, text.encode(), 0o755)
+    lua_target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for path, text in texts.items():
+        mode = 0o644 if path == lua_target else 0o755
+        _write_atomically(path, text.encode(), mode)
         written.append(str(path))
-    lua_target = etc / "job_submit.lua"
-    _write_atomically(lua_target, render_job_submit(lua_source.read_text(), config_path).encode(), 0o644)
     _newer_than_any_load(lua_target)
-    written.append(str(lua_target))
+    loaded = etc / "job_submit.lua"
+    if lua_target != loaded and loaded.is_file():
+        # slurmctld watches only the script it loads, the site's, which loads ours: date it
+        # ahead too, so that the next submission loads both again (docs/slurm-facts.md §12).
+        _newer_than_any_load(loaded)
     return written
+
+
+def _foreign(path: Path, text: str) -> bool:
+    try:
+        existing = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+    return existing != text and not is_ours(existing)
+
+
+# --------------------------------------------------------------------------- folders
+
+# Who runs what (slurm.conf): PrologSlurmctld/EpilogSlurmctld and job_submit.lua as
+# SlurmUser, the node Prolog/Epilog as SlurmdUser. Slurm's default for both is root.
+DEFAULT_SLURM_USER = "root"
+
+
+def slurm_users(etc_dir: str, scontrol: str | None = None) -> tuple[str, str, str]:
+    """(SlurmUser, SlurmdUser, where they were read): from `scontrol show config` when
+    slurmctld answers, else from `etc_dir`/slurm.conf, else Slurm's defaults (root)."""
+    import subprocess
+
+    if scontrol:
+        try:
+            out = subprocess.run(
+                [scontrol, "show", "config"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        found = dict(re.findall(r"^(SlurmUser|SlurmdUser)\s*=\s*([^\s(]+)", out, re.MULTILINE))
+        if "SlurmUser" in found:
+            return found["SlurmUser"], found.get("SlurmdUser", DEFAULT_SLURM_USER), "scontrol show config"
+    conf = Path(etc_dir) / "slurm.conf"
+    try:
+        text = conf.read_text(errors="replace")
+    except OSError:
+        return DEFAULT_SLURM_USER, DEFAULT_SLURM_USER, "Slurm's defaults"
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].partition("=")
+        if key.strip().lower() in ("slurmuser", "slurmduser") and value.strip():
+            values[key.strip().lower()] = value.strip()
+    return (
+        values.get("slurmuser", DEFAULT_SLURM_USER),
+        values.get("slurmduser", DEFAULT_SLURM_USER),
+        str(conf),
+    )
+
+
+def prepare_folders(
+    settings: Mapping[str, Mapping[str, Any]], slurm_user: str, slurmd_user: str
+) -> list[str]:
+    """Make the folders the hooks write, owned by the user Slurm runs each writer as:
+
+    - the hooks' log (`hooks.log_file`): its folder 0755 and the file 0640, SlurmUser's
+      (PrologSlurmctld writes it; the node hooks run as root, who may write anything);
+    - the outage spool (`policy.outage_spool_dir`): 0750, SlurmUser's (the controller's
+      hooks append to it, the daemon, root, reads it back);
+    - the agent's spool (`agent.spool_dir`, up to a `%n`): 0755, SlurmdUser's (the node
+      Prolog writes it, the agent, root, reads it).
+
+    Returns what it made or changed, each with its owner and mode; folders already right
+    are left as they are.
+    """
+    import pwd
+
+    done: list[str] = []
+
+    def own(path: Path, user: str, mode: int, *, folder: bool) -> None:
+        entry = pwd.getpwnam(user)
+        made = False
+        if folder and not path.is_dir():
+            path.mkdir(mode=mode, parents=True, exist_ok=True)
+            made = True
+        elif not folder and not path.exists():
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode))
+            made = True
+        if made:
+            os.chmod(path, mode)  # whatever the umask
+        if path.stat().st_uid != entry.pw_uid:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            made = True
+        if made:
+            done.append(f"{path} ({user}, {stat.filemode(path.stat().st_mode)})")
+
+    log_file = settings.get("hooks", {}).get("log_file")
+    if log_file:
+        log_path = Path(_require_absolute("hooks.log_file", str(log_file)))
+        own(log_path.parent, slurm_user, 0o755, folder=True)
+        own(log_path, slurm_user, 0o640, folder=False)
+    outage = settings.get("policy", {}).get("outage_spool_dir") or "/var/spool/gpucredit/outage"
+    own(Path(_require_absolute("policy.outage_spool_dir", str(outage))), slurm_user, 0o750, folder=True)
+    spool = str(settings.get("agent", {}).get("spool_dir") or "/var/spool/gpucredit/jobs")
+    spool = spool.split("%n", 1)[0].rstrip("/") or "/"
+    if spool.rstrip("/"):
+        own(Path(_require_absolute("agent.spool_dir", spool)), slurmd_user, 0o755, folder=True)
+    return done
