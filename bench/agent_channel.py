@@ -19,8 +19,6 @@ import time
 import uuid
 from pathlib import Path
 
-from ledger.store.db import make_engine, make_sessionmaker
-from ledger.store.schema import upgrade
 from sqlalchemy import create_engine, text
 
 from accounting_bridge.nvml.channel import MungeSender
@@ -28,6 +26,8 @@ from accounting_bridge.nvml.munge import Munge
 from accounting_bridge.nvml.receiver import UsageReceiver
 from bench.goals import percentile, report
 from ledger.api import UsageDelta
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 
 PG = os.environ.get("GPUCREDIT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

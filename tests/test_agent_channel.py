@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from ledger.store.db import make_engine, make_sessionmaker
 from sqlalchemy import text
 
 from accounting_bridge.nvml.agent import Agent
@@ -32,6 +31,7 @@ from accounting_bridge.nvml.receiver import UsageReceiver
 from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 from gpucredit.cli import _build
 from ledger.api import UsageDelta
+from ledger.store.db import make_engine, make_sessionmaker
 from tests.munged import munged
 from tests.test_agent import GiB, Monotonic, usage_rows
 from tests.test_agent import node as node  # a fixture
