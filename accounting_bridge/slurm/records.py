@@ -636,13 +636,41 @@ def _opt(obj: Any, path: str) -> Any:
         return None
 
 
+# Where the versions' JSON differs (docs/slurm-facts.md §16), read in this one place:
+# data_parser v0.0.40+ (Slurm 23.11 on; measured 24.11 and 26.05) writes many numbers as
+# {"set": bool, "infinite": bool, "number": N} where dbv0.0.38 (22.05) wrote N or null,
+# and states as a list (["PENDING", "REQUEUED"]: the base state, then its flags) where
+# 22.05 wrote one string.
+_NUMBER_OBJECT_KEYS = frozenset({"set", "infinite", "number"})
+
+
+def _number(value: Any) -> Any:
+    """A number as every version writes it: N, null, or a number object (unset/infinite: None)."""
+    if isinstance(value, dict) and value.keys() == _NUMBER_OBJECT_KEYS:
+        if value["set"] is not True or value["infinite"] is not False:
+            return None
+        return value["number"]
+    return value
+
+
+def _json_state(value: Any, what: str) -> str:
+    """A job's base state: 22.05's string, or the first of 23.11+'s list of state and flags."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(item, str) for item in value):
+            raise SlurmTextError(f"bad {what} {value!r} (want a list of state names)")
+        return value[0]
+    return _json_str(value, what, allow_none=False)
+
+
 def _json_int(value: Any, what: str) -> int:
+    value = _number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SlurmTextError(f"bad {what} {value!r} (want a non-negative integer)")
     return value
 
 
 def _json_opt_int(value: Any, what: str) -> int | None:
+    value = _number(value)
     return None if value is None else _json_int(value, what)
 
 
@@ -674,9 +702,9 @@ def _tres_list(value: Any, what: str) -> dict[str, int]:
         tres_type = _json_str(_get(entry, "type"), f"{what} type", allow_none=False)
         name = _json_str(_opt(entry, "name"), f"{what} name")
         key = f"{tres_type}/{name}" if name else tres_type
-        raw_count = _opt(entry, "count")
-        if raw_count is None and tres_type != "gres":
-            continue  # 22.05 lists {"type": "energy", "count": null} on every job
+        raw_count = _number(_opt(entry, "count"))
+        if tres_type != "gres" and (raw_count is None or (isinstance(raw_count, int) and raw_count < 0)):
+            continue  # every job lists energy: count null (22.05) or -2 (24.11+, "not set")
         count = _json_int(raw_count, f"{what} count for {key}")
         if key in entries:
             raise SlurmTextError(f"{what}: {key!r} listed twice")
@@ -763,8 +791,7 @@ def _run_from_json(job: Any, position: int) -> SacctRun:
     account = _json_str(_opt(job, "account"), "account") or _json_str(
         _opt(job, "association.account"), "association.account"
     )
-    state_text = _json_str(_get(job, "state.current"), "state.current", allow_none=False)
-    state, _ = _parse_state(state_text)
+    state, _ = _parse_state(_json_state(_get(job, "state.current"), "state.current"))
     ids = _json_ids(job, job_id)
     allocated = _tres_list(_opt(job, "tres.allocated"), "tres.allocated")
     nodes = tuple(expand_hostlist(_json_str(_opt(job, "nodes"), "nodes"))) if allocated else ()
@@ -856,7 +883,7 @@ def _squeue_job(job: Any, position: int) -> SqueueJob:
     cluster = _json_str(_get(job, "cluster"), "cluster")
     if not cluster:
         raise SlurmTextError("no cluster")
-    state, _ = _parse_state(_json_str(_get(job, "job_state"), "job_state", allow_none=False))
+    state, _ = _parse_state(_json_state(_get(job, "job_state"), "job_state"))
     run = _json_int(_get(job, "restart_cnt"), "restart_cnt")
     array_job_id = _json_opt_int(_opt(job, "array_job_id"), "array_job_id") or None
     array_task_id = _json_opt_int(_opt(job, "array_task_id"), "array_task_id")
