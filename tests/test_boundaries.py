@@ -255,7 +255,7 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
     "ledger.cli": frozenset({"ledger", "ledger.api", "ledger.cli_support", "ledger.store", "ledger.views"}),
     "slurmtext": frozenset(),
     "slurm_hooks": frozenset({"slurmtext"}),  # hook processes: the stdlib and slurmtext only
-    "slurm_hooks.admin": frozenset({"slurm_hooks", "ledger"}),  # `gpucredit slurm config|install`
+    "slurm_hooks.admin": frozenset({"slurm_hooks", "ledger", "slurmtext"}),  # slurm config|install
     "job_submit": frozenset({"ledger", "slurmtext"}),  # the daemon's answer to job_submit.lua
     "accounting_bridge": frozenset(),  # its __init__: a docstring
     "accounting_bridge.slurm": frozenset({"slurmtext"}),  # Slurm's commands and records

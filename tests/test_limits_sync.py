@@ -37,6 +37,7 @@ from accounting_bridge.sync.limits_sync import (
     show_assoc_argv,
 )
 from accounting_bridge.sync.scarcity import ScarcityPolicy, decide
+from accounting_bridge.sync.slurm_check import SHOW_CONFIG_ARGV
 from gpucredit.cli import _build
 from gpucredit.daemon.limits_keeper import LimitsKeeper
 from ledger import api, cli_support
@@ -374,6 +375,7 @@ class FakeSlurm:
                 SHOW_QOS_ARGV: "".join(f"{name}|{u}|{a}\n" for name, (u, a) in self.qos.items()),
                 PARTITIONS_ARGV: recorded("scontrol_show_partition.txt"),
                 SINFO_ARGV: recorded("sinfo_gpu_use.txt"),
+                SHOW_CONFIG_ARGV: (FIXTURES.parent / "slurm-22.05" / "scontrol_show_config.txt").read_text(),
                 **{tuple(argv): " Modified ...\n" for argv in allowed},
             }
         )
@@ -633,6 +635,7 @@ def test_slurm_check_lists_every_difference_and_sync_fixes_them(
     )
     assert rows[("scarcity", "onprem")] == ("per user gres/gpu=4, per account gres/gpu=6", "-", "limits sync")
     assert found["left"] == len(found["differences"]) == 23
+    assert [note.split(" (")[0] for note in found["notes"]] == ["devices are not constrained"]
     sync = ("slurm", "check", "--sync", "--format", "json")
     fixed = json.loads(cli(*sync, runner=slurm.expect(any_modify=True), code=1).stdout)
     assert fixed["left"] == 2

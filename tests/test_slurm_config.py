@@ -19,6 +19,7 @@ from slurm_hooks.admin import slurmconf
 from slurm_hooks.admin.cli import slurm
 from slurm_hooks.admin.slurmconf import (
     DEFAULT_HOOK_DIR,
+    DEVICE_LINES,
     HOOKS,
     install,
     launcher_command,
@@ -50,8 +51,17 @@ def _config_output(*args: str, env: dict[str, str] | None = None) -> str:
 
 def test_config_prints_the_lines_the_box_runs() -> None:
     printed = _config_output("--gres", "a100,h100")
-    assert printed == slurm_conf_lines(DEFAULT_HOOK_DIR, ["a100", "h100"], "/etc/slurm")
-    assert printed in SlurmBox().render_slurm_conf()
+    lines = slurm_conf_lines(DEFAULT_HOOK_DIR, ["a100", "h100"], "/etc/slurm")
+    assert printed == lines + DEVICE_LINES
+    assert lines in SlurmBox().render_slurm_conf()
+
+
+def test_config_says_how_to_confine_jobs_to_their_gpus_in_comments_a_paste_cannot_break() -> None:
+    """ConstrainDevices belongs in cgroup.conf (slurm.conf refuses it), and the box runs
+    without cgroups: the lines are advice, every one a comment."""
+    assert all(line.startswith("#") for line in DEVICE_LINES.splitlines())
+    assert "#   ConstrainDevices=yes" in DEVICE_LINES.splitlines()
+    assert "#   TaskPlugin=task/cgroup,task/affinity" in DEVICE_LINES.splitlines()
 
 
 def test_config_lines_are_the_only_source_of_gpucredit_settings() -> None:
@@ -588,7 +598,8 @@ def test_install_gives_the_hooks_folders_to_slurmuser(open_tmp: Path, fake_exe: 
 def test_slurmuser_is_read_from_scontrol_then_slurm_conf(tmp_path: Path) -> None:
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(
-        "#!/bin/sh\necho 'SlurmUser               = slurm(64030)'\necho 'SlurmdUser = root(0)'\n"
+        "#!/bin/sh\necho 'SLURM_VERSION = 22.05.8'\necho 'SlurmUser               = slurm(64030)'\n"
+        "echo 'SlurmdUser = root(0)'\n"
     )
     scontrol.chmod(0o755)
     assert slurmconf.slurm_users(str(tmp_path), str(scontrol)) == ("slurm", "root", "scontrol show config")

@@ -14,6 +14,11 @@ An account or member only the ledger has is listed and left: Slurm decides who m
 charge an account (`account import-slurm` mirrors it into the ledger), so giving a user
 access stays an admin's act in sacctmgr. Slurm's `root` account is nobody's to pay.
 
+It also names what makes bills untrustworthy whatever the associations say (from
+`scontrol show config`): a Slurm release gpucredit is not tested on, and devices that
+are not constrained (a job can then use a GPU it did not ask for). These are notes: they
+do not change the exit status.
+
 Exit status: 0 when Slurm and the ledger agree (with --sync: when nothing is left to
 fix), 1 otherwise, like any check.
 """
@@ -39,12 +44,14 @@ from ledger import api
 from ledger.cli_support import emit, format_option, ledger_command, transaction
 from ledger.config import load_config
 from slurmtext import SlurmTextError
+from slurmtext.show_config import billing_notes, parse_show_config
 
 __all__ = ["membership_rows", "slurm_check_command"]
 
 COLUMNS = ["kind", "name", "slurm", "ledger", "fix", "reason"]
 IMPORT_FIX = "account import-slurm"
 LEDGER_ONLY_FIX = "none (sacctmgr add, if it should run jobs)"
+SHOW_CONFIG_ARGV = ("scontrol", "show", "config")
 
 
 def _row(kind: str, name: str, in_slurm: bool, fix: str, reason: str) -> dict[str, Any]:
@@ -149,6 +156,7 @@ def slurm_check_command(ctx: click.Context, fix: bool, fmt: str) -> None:
     now = clock(ctx)()
     try:
         view = read_slurm(run, cluster)
+        notes = billing_notes(parse_show_config(run(SHOW_CONFIG_ARGV)))
         shares_text = run(fairshare_sync.show_argv(cluster))
         with transaction() as s:
             rows, to_import = membership_rows(view, s)
@@ -164,8 +172,9 @@ def slurm_check_command(ctx: click.Context, fix: bool, fmt: str) -> None:
         rows = [{**row, "fix": "imported"} if row["fix"] == IMPORT_FIX else row for row in rows]
     rows += _difference_rows(shares, limits, fix)
     left = [row for row in rows if not fix or row["fix"] == LEDGER_ONLY_FIX]
+    notes += limits.notes
     if fmt == "json":
-        document = {"sync": fix, "differences": rows, "left": len(left), "notes": list(limits.notes)}
+        document = {"sync": fix, "differences": rows, "left": len(left), "notes": notes}
         click.echo(json.dumps(document, indent=2))
     else:
         if rows or fmt == "csv":
@@ -173,7 +182,7 @@ def slurm_check_command(ctx: click.Context, fix: bool, fmt: str) -> None:
         if fmt == "table":
             found = f"{len(rows)} difference{'s' if len(rows) != 1 else ''}"
             click.echo(f"{found}, {len(rows) - len(left)} fixed, {len(left)} left" if fix else found)
-            for note in limits.notes:
+            for note in notes:
                 click.echo(f"note: {note}")
     if left:
         sys.exit(1)

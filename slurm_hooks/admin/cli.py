@@ -15,6 +15,7 @@ import click
 from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
+    DEVICE_LINES,
     NotOurs,
     install,
     launcher_command,
@@ -112,7 +113,7 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
         text = slurm_conf_lines(hook_dir, types, job_submit_dir)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    click.echo(text + scarcity_lines(config_path), nl=False)
+    click.echo(text + DEVICE_LINES + scarcity_lines(config_path), nl=False)
 
 
 @slurm.command("install")

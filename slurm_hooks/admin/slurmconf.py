@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_hooks.hooks import hook_settings
+from slurmtext import SlurmTextError
+from slurmtext.show_config import parse_show_config
 
 __all__ = [
     "DEFAULT_ETC_DIR",
@@ -131,6 +133,20 @@ def slurm_conf_lines(hook_dir: str, gres_types: list[str], job_submit_dir: str) 
         "PriorityWeightFairshare=10000",
     ]
     return "\n".join(lines) + "\n"
+
+
+# Printed after slurm_conf_lines as comments: they belong in cgroup.conf, and slurm.conf's
+# TaskPlugin line is the site's own (the box runs without cgroups).
+DEVICE_LINES = """\
+# gpucredit: bill only the GPUs a job was given. Confine each job to its devices, or a job that
+# asked for no GPU can open /dev/nvidia* and use one unbilled (`gpucredit slurm check` says
+# when they are not). In slurm.conf:
+#   TaskPlugin=task/cgroup,task/affinity
+#   ProctrackType=proctrack/cgroup
+# and in cgroup.conf (every GPU node reads it):
+#   ConstrainDevices=yes
+# All these lines are the same for Slurm 22.05, 24.11 and 26.05.
+"""
 
 
 def read_hook_settings(config_path: str) -> dict[str, dict[str, Any]]:
@@ -355,9 +371,14 @@ def slurm_users(etc_dir: str, scontrol: str | None = None) -> tuple[str, str, st
             ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
-        found = dict(re.findall(r"^(SlurmUser|SlurmdUser)\s*=\s*([^\s(]+)", out, re.MULTILINE))
-        if "SlurmUser" in found:
-            return found["SlurmUser"], found.get("SlurmdUser", DEFAULT_SLURM_USER), "scontrol show config"
+        try:
+            found = parse_show_config(out)
+        except SlurmTextError:
+            found = {}
+        if "SlurmUser" in found:  # printed as `slurm(64030)`
+            slurm_user = found["SlurmUser"].split("(")[0]
+            slurmd_user = found.get("SlurmdUser", DEFAULT_SLURM_USER).split("(")[0]
+            return slurm_user, slurmd_user, "scontrol show config"
     conf = Path(etc_dir) / "slurm.conf"
     try:
         text = conf.read_text(errors="replace")
