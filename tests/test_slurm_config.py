@@ -632,3 +632,10 @@ def test_install_warns_when_the_daemons_socket_is_not_slurmusers(tmp_path: Path,
         "controller's hooks cannot open the daemon's socket (0600); set daemon.socket_user = \"daemon\" "
         "and restart the daemon\n"
     )
+
+
+def test_the_admin_guide_shows_what_slurm_config_prints() -> None:
+    guide = (Path(__file__).parents[1] / "docs" / "admin-guide.md").read_text()
+    section = guide[guide.index("## 2. Wire it into Slurm") :]
+    shown = section.split("```\n")[3]  # the second block: the lines printed
+    assert shown == _config_output("--gres", "a100,h100")
