@@ -124,6 +124,8 @@ def emit(data: Any, fmt: str, columns: list[str] | None = None) -> None:
     if not rows:
         if fmt == "table":
             click.echo("(none)")
+        elif columns:  # a CSV of nothing still names its columns: a script reads the header
+            click.echo(",".join(columns))
         return
     columns = columns or list(rows[0].keys())
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]

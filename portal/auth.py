@@ -181,11 +181,18 @@ def principal() -> Principal:
     return who
 
 
+def to_login() -> Any:
+    """The login page, back to this page after (Werkzeug's full_path ends in a bare "?"
+    when there is no query)."""
+    here = request.path + (f"?{request.query_string.decode()}" if request.query_string else "")
+    return redirect(url_for("auth.login", next=here))
+
+
 def login_required(view: F) -> F:
     @wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if current() is None:
-            return redirect(url_for("auth.login", next=request.full_path))
+            return to_login()
         if current().is_service:  # type: ignore[union-attr]
             abort(403)
         return view(*args, **kwargs)

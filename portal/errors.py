@@ -39,9 +39,9 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
         body = {"error": {"code": code, "message": message, "details": details or {}}}
         return jsonify(body), status
     if status == 401:
-        from flask import redirect, url_for
+        from portal.auth import to_login
 
-        return redirect(url_for("auth.login", next=request.full_path))
+        return to_login()
     return render_template("error.html", status=status, code=code, message=message), status
 
 

@@ -270,3 +270,27 @@ def test_an_agent_with_neither_a_controller_nor_a_database_says_so(
     assert (
         "set agent.send_to to the controller's daemon (host:port of its daemon.agent_listen" in result.output
     )
+
+
+def test_an_agent_tick_that_cannot_be_sent_is_one_line_not_a_traceback(
+    munge_socket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--once` against a controller that is not listening: exit 1 and say so (the
+    looping agent logs the same and sends it with the next tick)."""
+    spool = tmp_path / "spool" / "gpu1"
+    GpuRegistry(spool).register(JobRunKey("lab", 9, 0), {0: "a100"})
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[agent]\nspool_dir = "{tmp_path / "spool" / "%n"}"\n'
+        f'send_to = ["127.0.0.1:{port}"]\nmunge_socket = "{munge_socket}"\n'
+    )
+    monkeypatch.setenv("GPUCREDIT_CONFIG", str(config))
+    monkeypatch.delenv("GPUCREDIT_DATABASE_URL", raising=False)
+    result = CliRunner().invoke(_build(), ["agent", "--once", "--node", "gpu1", "--fake-nvml", "a100:2@50"])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"error: GPU usage not sent: 127.0.0.1:{port}")

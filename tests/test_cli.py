@@ -318,6 +318,9 @@ def test_balance_formats_and_worked_example_via_cli(gc) -> None:
     assert table.splitlines()[0] == "account physics at 2026-12-09T00:00:00Z: available 100.00, held 0.00"
     rows = list(csv.DictReader(io.StringIO(gc("report", "--by", "gres", "--format", "csv").output)))
     assert rows == [{"gres": "h100", "charged": "3.60", "gpu_seconds": "3600", "jobs": "1"}]
+    # A report of nothing is still a CSV with its header, for the script that reads it.
+    nothing = gc("report", "--by", "gres", "--from", "2030-01-01", "--format", "csv").output
+    assert nothing == "gres,charged,gpu_seconds,jobs\n"
     quote = json.loads(
         gc(
             "quote",

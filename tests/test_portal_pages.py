@@ -193,7 +193,14 @@ def test_an_admin_chooses_among_all_accounts(login_as: LoginAs) -> None:
 def test_pages_send_anonymous_visitors_to_the_login(client: FlaskClient, site: Site, path: str) -> None:
     response = client.get(path)
     assert response.status_code == 302
-    assert response.headers["Location"].startswith("/login?next=")
+    assert response.headers["Location"] == f"/login?next={path}"
+
+
+def test_the_login_brings_a_visitor_back_to_the_page_and_query_they_asked_for(
+    client: FlaskClient, site: Site
+) -> None:
+    response = client.get("/accounts/physics/jobs?page=2")
+    assert response.headers["Location"] == "/login?next=/accounts/physics/jobs?page%3D2"
 
 
 # --- dashboard ---------------------------------------------------------------------------

@@ -293,7 +293,7 @@ def test_a_local_process_cannot_sign_on_as_admin_with_the_header(sso: Deployment
     ):
         local = sso.direct()
         page = local.get("/admin/", headers=headers)
-        assert (page.status, page.location) == (302, "/login?next=/admin/?"), headers
+        assert (page.status, page.location) == (302, "/login?next=/admin/"), headers
         assert grant_as(local, headers) == (302, 400), headers  # no page, and no form to post
     assert available(sso, "physics") == before
 
@@ -419,7 +419,7 @@ def test_a_cookie_saved_before_logout_is_worthless(site: Deployment) -> None:
     assert carol.request("POST", "/logout", form={"csrf_token": token}).status == 302
     thief = Visitor(site.proxy.url, cafile=site.proxy.cert, cookies=saved)
     page = thief.get("/accounts/chemistry")
-    assert (page.status, page.location) == (302, "/login?next=/accounts/chemistry?")
+    assert (page.status, page.location) == (302, "/login?next=/accounts/chemistry")
 
 
 def test_a_new_password_ends_every_session_opened_with_the_old_one(site: Deployment) -> None:
@@ -711,23 +711,34 @@ def test_a_new_embedded_ledger_is_private(tmp_path: Path) -> None:
     assert (oct(older.parent.stat().st_mode & 0o777), oct(older.stat().st_mode & 0o777)) == ("0o700", "0o600")
 
 
-def test_a_user_who_may_not_change_the_ledger_is_told_so_in_one_line(sqlite_template: Path) -> None:
+@pytest.mark.parametrize(
+    ("folder_mode", "command"),
+    [
+        (0o755, ("topup", "physics", "10")),  # readable, not writable: a ledger from before
+        (0o700, ("balance", "physics")),  # the folder the guide prescribes: a traceback once
+    ],
+)
+def test_a_user_who_may_not_change_the_ledger_is_told_so_in_one_line(
+    sqlite_template: Path, folder_mode: int, command: tuple[str, ...]
+) -> None:
     """`gpucredit topup` run by a user without write access printed SQLAlchemy's whole
-    statement and parameters."""
+    statement and parameters; `balance` with the ledger's folder closed, a PermissionError."""
     if os.geteuid() != 0:
         pytest.skip("needs root: runs gpucredit as another user (nobody)")
     shared = Path(tempfile.mkdtemp(prefix="gpucredit-ro-", dir="/tmp"))
     try:
         shared.chmod(0o755)
-        database = shared / "ledger.db"
+        (shared / "lib").mkdir()
+        database = shared / "lib" / "ledger.db"
         shutil.copy(sqlite_template, database)
         url = f"sqlite:///{database}"
         seed_site(url)
-        database.chmod(0o644)  # readable, not writable, by nobody: a ledger from before
+        database.chmod(0o644)
+        (shared / "lib").chmod(folder_mode)
         config = portal_config(shared / "gpucredit.toml", url, {})
         config.chmod(0o644)
         result = subprocess.run(
-            ["runuser", "-u", "nobody", "--", GPUCREDIT, "topup", "physics", "10"],
+            ["runuser", "-u", "nobody", "--", GPUCREDIT, *command],
             env={
                 **os.environ,
                 "GPUCREDIT_CONFIG": str(config),

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from ledger import api
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
 from slurm_hooks.admin import slurmconf
 from slurm_hooks.admin.cli import slurm
 from slurm_hooks.admin.slurmconf import (
@@ -91,15 +94,26 @@ def test_config_lines_content() -> None:
     assert len(lines) - len(settings) == 7  # a comment per group, two for accounting
 
 
-def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:
+def test_config_gres_types_are_the_ones_the_ledger_prices(tmp_path: Path) -> None:
+    """A site that prices l40s must get gres/gpu:l40s in AccountingStorageTRES, or Slurm
+    records no seconds of it (the example's a100,h100 were printed whatever was priced)."""
     config = tmp_path / "gpucredit.toml"
-    config.write_text('[prices]\nl40s = "1.10"\nh100 = "3.60"\n')
-    printed = _config_output("--hook-dir", "/opt/h", env={"GPUCREDIT_CONFIG": str(config)})
-    assert "AccountingStorageTRES=gres/gpu,gres/gpu:l40s,gres/gpu:h100\n" in printed
-    none = tmp_path / "empty.toml"
-    none.write_text("")
-    default = _config_output(env={"GPUCREDIT_CONFIG": str(none)})
-    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in default
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    config.write_text(f'[database]\nurl = "{url}"\n')
+    env = {"GPUCREDIT_CONFIG": str(config), "GPUCREDIT_DATABASE_URL": ""}
+    fresh = CliRunner().invoke(slurm, ["config"], env=env)
+    assert fresh.exit_code == 0
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in fresh.stdout
+    assert fresh.stderr.startswith("note: the ledger's prices cannot be read (no such table: prices)")
+    assert fresh.stderr.endswith(": the lines name a100,h100; name yours with --gres\n")
+    engine = make_engine(url)
+    upgrade(engine)
+    with make_sessionmaker(engine)() as s, s.begin():
+        api.set_price(s, "l40s", "1.10")
+        api.set_price(s, "h100", "3.60")
+    printed = CliRunner().invoke(slurm, ["config", "--hook-dir", "/opt/h"], env=env)
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:l40s\n" in printed.stdout
+    assert printed.stderr == ""
     # A config named but missing is a typo, not the defaults.
     missing = CliRunner().invoke(slurm, ["config"], env={"GPUCREDIT_CONFIG": str(tmp_path / "absent.toml")})
     assert missing.exit_code == 1
@@ -109,7 +123,8 @@ def test_config_gres_types_come_from_the_price_table(tmp_path: Path) -> None:
 def test_config_says_which_qos_each_scarce_partition_needs(tmp_path: Path) -> None:
     config = tmp_path / "gpucredit.toml"
     config.write_text('[scarcity]\npartitions = ["onprem"]\n')
-    printed = _config_output(env={"GPUCREDIT_CONFIG": str(config)})
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    printed = _config_output(env={"GPUCREDIT_CONFIG": str(config), "GPUCREDIT_DATABASE_URL": ledger})
     assert printed.endswith(
         "#   sacctmgr -i add qos gpucredit-onprem\n#   PartitionName=onprem ... QOS=gpucredit-onprem\n"
     )

@@ -29,6 +29,7 @@ import logging
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -302,7 +303,14 @@ def agent_command(
     )
     try:
         if once:
-            report = agent.tick()
+            try:
+                report = agent.tick()
+            except NotSent as exc:  # one line, like every other refusal; the loop logs it instead
+                click.echo(f"error: GPU usage not sent: {exc}", err=True)
+                sys.exit(1)
+            except Unsure as exc:
+                click.echo(f"error: GPU usage sent, but not confirmed (it may be written): {exc}", err=True)
+                sys.exit(1)
             click.echo(json.dumps(report.as_dict()))
             for problem in report.problems:
                 click.echo(f"warning: {problem}", err=True)

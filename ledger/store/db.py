@@ -42,9 +42,12 @@ def create_private_sqlite_file(path: Path) -> None:
     """Make `path` an empty database file, mode 0600 in a 0700 directory, unless it
     exists: SQLite would create it with the umask's mode (0644, readable by everyone).
     An existing file or directory keeps its mode (an admin's choice, or a shared one)."""
-    if path.exists():
+    try:
+        if path.exists():
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except PermissionError:  # a folder this user may not enter: SQLite's own error says so
         return
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:  # created meanwhile by another process: it chose the mode

@@ -12,9 +12,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from flask import Blueprint, abort, redirect, request, url_for
+from flask import Blueprint, abort, request
 
-from portal.auth import current, require_account
+from portal.auth import current, require_account, to_login
 from portal.store import transaction
 
 admin_bp = Blueprint("admin", __name__, url_prefix="/admin")
@@ -26,15 +26,13 @@ def _fresh_key() -> str:
     return secrets.token_urlsafe(18)
 
 
-def _login_first() -> Any:
-    return redirect(url_for("auth.login", next=request.full_path))
 
 
 @admin_bp.before_request
 def _admins_only() -> Any:
     who = current()
     if who is None:
-        return _login_first()
+        return to_login()
     if not who.is_admin:
         abort(404)
     return None
@@ -44,7 +42,7 @@ def _admins_only() -> Any:
 def _managers_only() -> Any:
     who = current()
     if who is None:
-        return _login_first()
+        return to_login()
     if who.is_service:
         abort(403)
     account = (request.view_args or {}).get("account", "")

@@ -49,12 +49,27 @@ def _read_config(config_path: str) -> dict[str, object]:
         raise click.ClickException(f"cannot read {config_path}: {e}") from e
 
 
-def configured_gres_types(config_path: str) -> list[str]:
-    """GPU types priced in the config file (`[prices]` keys), else a100 and h100."""
-    prices = _read_config(config_path).get("prices")
-    if isinstance(prices, dict) and prices:
-        return list(prices)
-    return list(DEFAULT_GRES)
+def priced_gres_types() -> tuple[list[str], str]:
+    """The GPU types the ledger prices (`gpucredit price set`), else a100 and h100 and
+    why: AccountingStorageTRES must name every type billed, or Slurm records no seconds
+    for it."""
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ledger import api
+        from ledger.cli_support import transaction
+        from ledger.errors import LedgerError
+    except ImportError as exc:
+        return list(DEFAULT_GRES), f"the ledger cannot be read here ({exc})"
+    try:
+        with transaction() as s:
+            types = list(dict.fromkeys(str(row["gres"]) for row in api.list_prices(s)))
+    except (SQLAlchemyError, LedgerError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        return list(DEFAULT_GRES), f"the ledger's prices cannot be read ({reason})"
+    if not types:
+        return list(DEFAULT_GRES), "the ledger prices no GPU type yet"
+    return types, ""
 
 
 def scarcity_lines(config_path: str) -> str:
@@ -97,7 +112,7 @@ def slurm() -> None:
     "gres",
     default=None,
     metavar="TYPE[,TYPE...]",
-    help="GPU types to account for [default: the config's prices, else a100,h100].",
+    help="GPU types to account for [default: the types the ledger prices, else a100,h100].",
 )
 @click.option(
     "--job-submit-dir",
@@ -108,7 +123,12 @@ def slurm() -> None:
 def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None:
     """Print the lines to add to slurm.conf."""
     config_path = _config_path()
-    types = _parse_gres(gres) or configured_gres_types(config_path)
+    types = _parse_gres(gres)
+    if types is None:
+        types, fallback = priced_gres_types()
+        if fallback:
+            names = ",".join(types)
+            click.echo(f"note: {fallback}: the lines name {names}; name yours with --gres", err=True)
     try:
         text = slurm_conf_lines(hook_dir, types, job_submit_dir)
     except ValueError as e:
