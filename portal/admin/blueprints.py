@@ -26,8 +26,6 @@ def _fresh_key() -> str:
     return secrets.token_urlsafe(18)
 
 
-
-
 @admin_bp.before_request
 def _admins_only() -> Any:
     who = current()
