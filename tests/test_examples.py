@@ -122,7 +122,7 @@ def test_the_example_config_is_safe_and_holds_only_keys_the_code_reads() -> None
 def test_operations_shows_the_revision_healthz_answers_today() -> None:
     """docs/operations.md's /healthz example names the newest migration (it once showed
     0005 when 0007 was the schema's)."""
-    versions = Path(__file__).resolve().parent.parent / "ledger" / "migrations" / "versions"
+    versions = Path(__file__).resolve().parent.parent / "ledger" / "store" / "migrations" / "versions"
     newest = max(path.name.split("_")[0] for path in versions.glob("0*.py"))
     operations = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     assert f'"revision": "{newest}"' in operations

@@ -347,6 +347,7 @@ def config(tmp_path: Path, sockdir: Path) -> Callable[..., str]:
             f"timeout_seconds = {timeout}\n"
             "[policy]\n"
             f'on_ledger_unreachable = "{policy}"\n'
+            f'outage_spool_dir = "{tmp_path / "outage"}"\n'  # never the host's (a box may run)
             "[slurm]\n"
             'bin_dir = "/usr/bin"\n'
             'cluster = "fromconfig"\n'
