@@ -198,6 +198,52 @@ def test_a_gpu_job_is_quoted_held_and_settled_in_the_version_box(name: str) -> N
                 break
             time.sleep(0.5)
         assert [(h["gpus"], h["amount"], h["state"]) for h in new] == [("h100:1", "0.60", "settled")]
+        _held_for_credit_then_released_by_a_top_up(box)
     finally:
         if not was_up:
             box.down()
+
+
+def _ok(box: ChrootBox, argv: list[str], user: str | None = None) -> str:
+    proc = box.run(argv, user=user)
+    assert proc.returncode == 0, (argv, proc.stderr)
+    return proc.stdout
+
+
+def _held_for_credit_then_released_by_a_top_up(box: ChrootBox) -> None:
+    """The daemon releases a job held for credit only after reading squeue --json, whose
+    numbers and states this version writes its own way (docs/slurm-facts.md §16)."""
+    account = f"v{time.time_ns() % 10**9}"  # the ledger outlives the box: a fresh account each run
+    _ok(box, ["sacctmgr", "-i", "add", "account", account, "cluster=lab"])
+    _ok(box, ["sacctmgr", "-i", "add", "user", "alice", f"account={account}"])
+    _ok(box, ["gpucredit", "account", "import-slurm"])
+    _ok(box, ["gpucredit", "topup", account, "0.06"])  # one 1×h100 minute: job_submit accepts it
+    submit = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "-A",
+        account,
+        "--gres=gpu:h100:1",
+        "-t",
+        "1",
+        "--wrap",
+        "sleep 2",
+    ]
+    job_id = _ok(box, submit, user="alice").strip()
+    _ok(box, ["gpucredit", "consume", account, "0.06"])  # spent elsewhere before it starts
+    _ok(box, ["scontrol", "release", job_id])
+    deadline = time.monotonic() + 60
+    state = ""
+    while not state.startswith("PENDING|JobHeldAdmin"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+        state = _ok(box, ["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
+    _ok(box, ["gpucredit", "topup", account, "1"])
+    settled: list[dict[str, str]] = []
+    while time.monotonic() < deadline + 60:
+        settled = [h for h in _holds(box) if h["job_id"] == job_id and h["state"] == "settled"]
+        if settled:
+            break
+        time.sleep(0.5)
+    assert [(h["gpus"], h["account"]) for h in settled] == [("h100:1", account)]
