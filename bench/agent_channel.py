@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
 
-    from tests.munged import munged
+    from tests.support.munged import munged
 
     folder = Path(tempfile.mkdtemp(prefix="gpucredit-bench-munge-"))
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")

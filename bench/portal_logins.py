@@ -280,7 +280,9 @@ def arm(
             url, cafile = f"http://127.0.0.1:{port}", None
             servers = {"portal": [process.pid]}
             if proxy:
-                from tests.nginx import Nginx  # the tests' runner of gpucredit/examples/nginx/gpucredit.conf
+                from tests.support.nginx import (
+                    Nginx,  # the tests' runner of gpucredit/examples/nginx/gpucredit.conf
+                )
 
                 nginx = Nginx(workdir / "nginx", portal_port=port, secret=PROXY_SECRET).start()
                 url, cafile = nginx.url, str(nginx.cert)
@@ -311,7 +313,7 @@ def main() -> None:
         "elsewhere in life, otherwise takes a share of the portal's CPU)",
     )
     args = parser.parse_args()
-    from tests.nginx import missing
+    from tests.support.nginx import missing
 
     lacking = missing()
     deployed = None

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.schema import upgrade
 
-pytest_plugins = ["tests.conftest_slurm", "tests.conftest_portal"]
+pytest_plugins = ["tests.support.portal"]
 
 PG_ADMIN_URL = os.environ.get(
     "GPUCREDIT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
