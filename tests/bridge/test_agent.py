@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 
 from accounting_bridge.nvml.agent import Agent, fake_nvml_from_spec
 from accounting_bridge.nvml.nvml_fake import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
@@ -19,54 +19,11 @@ from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.errors import InvalidInput
-from ledger.store.tables import gpu_usage_t, job_runs_t
+from ledger.store.tables import job_runs_t
 from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
+from tests.support.agent import JOB_A, JOB_B, GiB, Monotonic, usage_rows
 
-GiB = 2**30
-JOB_A = JobRunKey("lab", 100, 0)
-JOB_B = JobRunKey("lab", 101, 0)
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-
-
-class Monotonic:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def usage_rows(tx: Callable[[], Any]) -> dict[tuple[int, str], tuple[int, int, int, int]]:
-    with tx() as s:
-        return {
-            (r.job_id, r.gres): (
-                r.allocated_gpu_seconds,
-                r.busy_gpu_seconds,
-                r.energy_joules,
-                r.peak_memory_bytes,
-            )
-            for r in s.execute(select(gpu_usage_t).where(gpu_usage_t.c.node == "node1"))
-        }
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> tuple[FakeNvml, GpuRegistry]:
-    """node1: a100 ×2 then h100 ×2; job A has GPU 0, job B GPUs 2 and 3; GPU 1 is idle-owned by nobody."""
-    nvml = FakeNvml(
-        [
-            FakeGpu(
-                "GPU-a0", utilization_gpu_percent=50, energy_millijoules=1_000_000, memory_used_bytes=10 * GiB
-            ),
-            FakeGpu("GPU-a1", utilization_gpu_percent=100, energy_millijoules=5_000_000),
-            FakeGpu("GPU-h0", name="NVIDIA H100", utilization_gpu_percent=25, memory_used_bytes=2 * GiB),
-            FakeGpu("GPU-h1", name="NVIDIA H100", utilization_gpu_percent=0, memory_used_bytes=5 * GiB),
-        ]
-    )
-    nvml.nvmlInit()
-    registry = GpuRegistry(tmp_path / "spool" / "node1")
-    registry.register(JOB_A, {0: "a100"})
-    registry.register(JOB_B, {2: "h100", 3: "h100"})
-    return nvml, registry
 
 
 def run_three_ticks(tx: Callable[[], Any], nvml: FakeNvml, registry: GpuRegistry) -> Agent:

@@ -32,8 +32,7 @@ from accounting_bridge.nvml.sampler import GpuRegistry, JobRunKey
 from gpucredit.cli import _build
 from ledger.api import UsageDelta
 from ledger.store.db import make_engine, make_sessionmaker
-from tests.bridge.test_agent import GiB, Monotonic, usage_rows
-from tests.bridge.test_agent import node as node  # a fixture
+from tests.support.agent import GiB, Monotonic, usage_rows
 from tests.support.munged import munged
 
 # tests/test_agent.py's three ticks, written by the agent itself.

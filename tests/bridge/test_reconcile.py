@@ -42,11 +42,11 @@ from ledger.store.db import make_sessionmaker
 from ledger.store.models import JobRun
 from ledger.store.tables import entries_t, postings_t
 from tests import support
+from tests.support.sacct import T, synthetic
 
 FIXTURES = support.FIXTURES / "sacct"
 job_runs_t = JobRun.__table__
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-T = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
 
 def fixture(name: str) -> str:
@@ -62,34 +62,6 @@ def fixture_runs(name: str, *job_ids: int) -> list[SacctRun]:
 def one_run(name: str, job_id: int, run: int = 0) -> SacctRun:
     (found,) = [r for r in fixture_runs(name, job_id) if r.run == run]
     return found
-
-
-def synthetic(job_id: int, **fields: Any) -> SacctRun:
-    """A finished run as sacct reports it; fields override."""
-    start = fields.pop("start", T)
-    elapsed = fields.pop("elapsed_seconds", 600)
-    values: dict[str, Any] = {
-        "cluster": "lab",
-        "job_id": job_id,
-        "display_id": str(job_id),
-        "run": 0,
-        "user": "alice",
-        "account": "physics",
-        "partition": "onprem",
-        "state": "COMPLETED",
-        "submit": start,
-        "start": start,
-        "end": start + timedelta(seconds=elapsed) if start is not None else T,
-        "elapsed_seconds": elapsed,
-        "time_limit_seconds": 3600,
-        "gpus": {"a100": 1},
-        "requested_gpus": {"a100": 1},
-        "nodes": ("node1",),
-        "node_count": 1,
-        "name": "job",
-    }
-    values.update(fields)
-    return SacctRun(**values)
 
 
 # Reconciliation time: well after every run here, so an active hold counts as a lost epilog.

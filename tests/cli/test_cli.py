@@ -9,31 +9,9 @@ import json
 from collections.abc import Callable, Iterator
 
 import pytest
-from click.testing import CliRunner, Result
-from sqlalchemy import text
+from click.testing import Result
 
-from gpucredit.cli import _build
-from ledger import cli_support
-
-
-def cli_for(db_url: str) -> Callable[..., Result]:
-    """Run `gpucredit ARGS` against `db_url`; assert the exit status (`code`, default 0)."""
-    runner = CliRunner()
-    root = _build()
-
-    def run(*args: str, code: int = 0) -> Result:
-        result = runner.invoke(root, list(args), env={"GPUCREDIT_DATABASE_URL": db_url})
-        assert result.exit_code == code, (args, result.output, result.stderr)
-        return result
-
-    return run
-
-
-def dispose_engine(db_url: str) -> None:
-    """Close the CLI's cached engine for `db_url` (a test database is dropped after the test)."""
-    engine = cli_support._engines.pop(db_url, None)
-    if engine is not None:
-        engine.dispose()
+from tests.support.cli import COUNTED_TABLES, cli_for, dispose_engine, ledger_state
 
 
 @pytest.fixture
@@ -48,38 +26,6 @@ def gc(db_url: str) -> Iterator[Callable[..., Result]]:
     run("grant", "physics", "20", "--effective", "2026-12-01T00:00Z", "--expires", "2026-12-08T00:00Z")
     yield run
     dispose_engine(db_url)
-
-
-COUNTED_TABLES = (
-    "entries",
-    "postings",
-    "grants",
-    "holds",
-    "hold_allocations",
-    "prices",
-    "accounts",
-    "members",
-    "limits",
-    "idempotency_keys",
-)
-
-
-def _state(db_url: str) -> tuple:
-    """Row counts of every ledger table, and the rows a repeat could change in place."""
-    engine = cli_support.engine_for(db_url)
-    with engine.connect() as c:
-        counts = tuple(c.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES)
-        rows = tuple(
-            tuple(map(tuple, c.execute(text(query)).all()))
-            for query in (
-                "SELECT id, remaining_ucredits, earmarked_ucredits FROM grants ORDER BY id",
-                "SELECT id, state, charged_ucredits, charged_seconds, debt_ucredits FROM holds ORDER BY id",
-                "SELECT id, debt_ucredits, entry_count, head_hash FROM accounts ORDER BY id",
-                'SELECT id, "user", max_gpus, max_rate_ucredits_per_second, daily_cap_ucredits'
-                " FROM limits ORDER BY id",
-            )
-        )
-    return counts, rows
 
 
 BAD_INPUTS = [
@@ -212,11 +158,11 @@ BAD_INPUTS = [
     ("args", "status", "code"), BAD_INPUTS, ids=[f"{i}-{a[2]}" for i, a in enumerate(BAD_INPUTS)]
 )
 def test_bad_input_changes_nothing(gc, db_url, args, status, code) -> None:
-    before = _state(db_url)
+    before = ledger_state(db_url)
     result = gc(*args, code=status)
     assert f"error: {code}:" in result.stderr
     assert "Traceback" not in result.output
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
 
 
 def test_click_usage_errors_exit_2(gc) -> None:
@@ -239,7 +185,7 @@ def test_topup_with_same_key_is_one_grant(gc, db_url) -> None:
         ).output
     )
     assert first["amount"] == "100.00" and first["id"] == 1
-    assert _state(db_url)[0][COUNTED_TABLES.index("grants")] == 2  # the top-up and the promotion
+    assert ledger_state(db_url)[0][COUNTED_TABLES.index("grants")] == 2  # the top-up and the promotion
 
 
 def test_balance_formats_and_worked_example_via_cli(gc) -> None:

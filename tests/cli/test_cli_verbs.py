@@ -31,8 +31,8 @@ from click.testing import Result
 from sqlalchemy import text
 
 from ledger.store.schema import alembic_config
-from tests.cli.test_cli import _state, cli_for, dispose_engine
 from tests.support import REPO
+from tests.support.cli import cli_for, dispose_engine, ledger_state
 
 KEY = ("--idempotency-key", "k-1")
 
@@ -163,13 +163,13 @@ def test_a_keyed_repeat_prints_the_first_result_and_changes_nothing(gc, db_url, 
     setup, request, _other = REPEATS[verb]
     for args in setup:
         gc(*args)
-    before = _state(db_url)
+    before = ledger_state(db_url)
     first = gc(*request, *KEY, "--format", "json") if verb not in NO_FORMAT else gc(*request, *KEY)
-    after_first = _state(db_url)
+    after_first = ledger_state(db_url)
     assert after_first != before  # the first request did something
     again = gc(*request, *KEY, "--format", "json") if verb not in NO_FORMAT else gc(*request, *KEY)
     assert again.output == first.output
-    assert _state(db_url) == after_first
+    assert ledger_state(db_url) == after_first
 
 
 @pytest.mark.parametrize("verb", list(REPEATS))
@@ -178,31 +178,31 @@ def test_the_same_key_with_another_body_is_an_idempotency_conflict(gc, db_url, v
     for args in setup:
         gc(*args)
     gc(*request, *KEY)
-    before = _state(db_url)
+    before = ledger_state(db_url)
     refused = gc(*other, *KEY, code=1)
     assert refused.stderr == (
         "error: idempotency_conflict: idempotency key 'k-1' was already used with a different request\n"
     )
     assert refused.output == refused.stderr  # nothing on stdout
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
 
 
 def test_a_key_names_one_operation_in_its_account(gc, db_url) -> None:
     gc("topup", "physics", "10", "--effective", "2026-12-01T00:00Z", *KEY)
-    before = _state(db_url)
+    before = ledger_state(db_url)
     refused = gc("consume", "physics", "10", "--at", "2026-12-02T00:00Z", *KEY, code=1)
     assert refused.stderr.startswith("error: idempotency_conflict: ")
     # Keys are scoped by account: the same key on another account is another request.
     gc("topup", "chemistry", "10", "--effective", "2026-12-01T00:00Z", *KEY)
-    assert _state(db_url)[0] != before[0]
+    assert ledger_state(db_url)[0] != before[0]
 
 
 def test_prices_and_accounts_share_one_global_key_scope(gc, db_url) -> None:
     gc("price", "set", "h100", "4.00", "--effective", "2027-01-01", *KEY)
-    before = _state(db_url)
+    before = ledger_state(db_url)
     refused = gc("account", "create", "biology", *KEY, code=1)
     assert refused.stderr.startswith("error: idempotency_conflict: ")
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
 
 
 def test_a_keyed_hold_create_replays_without_touching_the_runs_hold(gc, db_url) -> None:
@@ -226,10 +226,10 @@ TIME_DEFAULTED = [
 @pytest.mark.parametrize("request_args", TIME_DEFAULTED, ids=[r[0] for r in TIME_DEFAULTED])
 def test_a_keyed_repeat_without_a_time_replays(gc, db_url, request_args) -> None:
     first = gc(*request_args, *KEY, "--format", "json")
-    after_first = _state(db_url)
+    after_first = ledger_state(db_url)
     again = gc(*request_args, *KEY, "--format", "json")  # a retry: the clock has moved on
     assert again.output == first.output
-    assert _state(db_url) == after_first
+    assert ledger_state(db_url) == after_first
 
 
 # -- the verbs, with their figures ---------------------------------------------------------
@@ -249,18 +249,18 @@ def test_init_twice_creates_then_changes_nothing(tmp_path: Path) -> None:
         assert first.output == f"database {url} at revision {head_revision()}\n"
         gc("account", "create", "physics")
         gc("topup", "physics", "5", "--effective", "2020-01-01")
-        before = _state(url)
+        before = ledger_state(url)
         assert gc("init").output == first.output
-        assert _state(url) == before
+        assert ledger_state(url) == before
     finally:
         dispose_engine(url)
 
 
 def test_init_on_a_ledger_in_use_changes_nothing(gc, db_url) -> None:
-    before = _state(db_url)
+    before = ledger_state(db_url)
     out = gc("init").output
     assert out.startswith("database ") and out.endswith(f" at revision {head_revision()}\n")
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
 
 
 def test_account_list_and_show(gc) -> None:
@@ -373,10 +373,10 @@ def test_hold_usage_release_list_show(gc, db_url) -> None:
     usage = json.loads(gc("hold", "usage", "1", "--elapsed", "600", "--format", "json").output)
     assert (usage["state"], usage["charged"], usage["charged_seconds"]) == ("active", "1.20", 600)
     # Usage never moves backwards: a late tick with fewer seconds charges nothing.
-    before = _state(db_url)
+    before = ledger_state(db_url)
     late = json.loads(gc("hold", "usage", "1", "--elapsed", "300", "--format", "json").output)
     assert (late["charged"], late["charged_seconds"]) == ("1.20", 600)
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
     assert gc("hold", "release", "1", "--at", "2026-12-02T10:20Z").output.splitlines() == [
         "ID  ACCOUNT  USER   CLUSTER  JOB_ID  RUN  STATE     GPUS    AMOUNT  CHARGED  EXPIRES_AT",
         "1   physics  alice  lab      1001    0    released  h100:2  7.20    1.20     2026-12-02T11:10:00Z",
@@ -470,9 +470,9 @@ def test_sweep_expires_holds_and_credit_and_pays_debt(gc, db_url) -> None:
         "debt_paid",
         "expiry",
     ]
-    before = _state(db_url)
+    before = ledger_state(db_url)
     assert "0.00             0.00" in gc("sweep", "--at", "2026-12-04T00:00Z").output  # nothing left
-    assert _state(db_url) == before
+    assert ledger_state(db_url) == before
     assert gc("audit", "verify").output == "ok: 3 accounts, 9 entries, 0 problems\n"
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
 from tests.support.served import Server, free_port
+from tests.support.services import require
 
 
 def _demo_env(tmp_path: Path) -> dict[str, str]:

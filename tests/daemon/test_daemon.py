@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner, SlurmCommandError, SlurmCommandTimeout
-from gpucredit.daemon.server import MAX_REQUEST_BYTES, Daemon, top_up_hint
+from gpucredit.daemon.server import MAX_REQUEST_BYTES, top_up_hint
 from gpucredit.daemon.slurm_facts import SINFO_ARGV, SlurmFacts
 from ledger import api
 from ledger.config import load_config
@@ -25,41 +24,8 @@ from ledger.store.db import make_engine, make_sessionmaker
 from slurm_hooks.admin.slurmconf import MAX_JOB_SUBMIT_TIMEOUT_SECONDS
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurmtext import SlurmTextError
+from tests.support.daemon import NO_VAL, PARTITIONS, SINFO, running, sinfo_runner
 from tests.support.fakedaemon import sockdir as sockdir
-
-NO_VAL = 4294967294
-PARTITIONS = {
-    "onprem": {"default_time": NO_VAL, "max_time": 4294967295, "default": True},
-    "cloud": {"default_time": 60, "max_time": 240, "default": False},
-}
-SINFO = "onprem|gpu:a100:2,gpu:h100:2\ncloud|gpu:a100:2(S:0)\n"
-HINT = "Top up: gpucredit topup {account} AMOUNT."
-
-
-def sinfo_runner() -> FakeRunner:
-    return FakeRunner({SINFO_ARGV: SINFO})
-
-
-@contextlib.contextmanager
-def running(url: str, socket_dir: Path, runner) -> Iterator[Daemon]:  # type: ignore[no-untyped-def]
-    """A Daemon served from a thread on `socket_dir`/daemon.sock until the block ends."""
-    config = load_config(Path("/dev/null"))
-    config["database"]["url"] = url
-    config["daemon"]["top_up_hint"] = HINT
-    daemon = Daemon(config, runner)
-    ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(
-        target=daemon.serve,
-        args=(str(socket_dir / "daemon.sock"),),
-        kwargs={"release_interval": None, "ready": ready, "stop": stop},
-    )
-    thread.start()
-    try:
-        assert ready.wait(10)
-        yield daemon
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def seed(tx) -> None:  # type: ignore[no-untyped-def]

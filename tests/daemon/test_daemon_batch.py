@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 from gpucredit.daemon.server import Daemon
 from ledger import api
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
-from tests.daemon.test_daemon import running, sinfo_runner
+from tests.support.daemon import running, sinfo_runner
 from tests.support.fakedaemon import sockdir as sockdir
 
 START = "2026-12-02T10:00:00Z"

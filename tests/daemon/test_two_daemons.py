@@ -13,9 +13,7 @@ No Slurm box is needed: the clients send what PrologSlurmctld and EpilogSlurmctl
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -35,9 +33,9 @@ from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.tables import holds_t
 from ledger.timeutil import parse_time
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
+from tests.support.daemon import GPUCREDIT, DaemonProcess
 from tests.support.fakedaemon import sockdir as sockdir
 
-GPUCREDIT = str(Path(sys.executable).with_name("gpucredit"))
 A100 = 2_000_000  # micro-credits per GPU-hour
 ACCOUNTS = ("alpha", "beta", "gamma")
 CREDIT = "9"  # 4 concurrent 1-hour a100 holds (2.00 each) fit, a fifth does not
@@ -45,46 +43,6 @@ CLIENTS = 12
 JOBS_PER_CLIENT = 12
 LIMIT_S = 3600
 RAN_S = 600  # each run is settled for 600 s: 0.333333 credits
-
-
-@dataclass
-class DaemonProcess:
-    socket: str
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, config: Path, release_interval: float = 0) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [GPUCREDIT, "daemon", "--socket", self.socket, "--release-interval", str(release_interval)],
-                env={**os.environ, "GPUCREDIT_CONFIG": str(config)},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                DaemonClient(self.socket, 1).call("ping")
-                return
-            except DaemonUnreachable:
-                assert self.proc.poll() is None, self.log.read_text()[-2000:]
-                assert time.monotonic() < deadline, self.log.read_text()[-2000:]
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 @dataclass

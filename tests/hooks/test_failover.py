@@ -22,7 +22,7 @@ import pytest
 
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurm_hooks.hooks import HookConfig, hook_settings, load_config, main
-from tests.hooks.test_hooks import FakeSlurm, ctld_env, hold_object, ok, queue, queue_line, refused
+from tests.support.fake_slurm import FakeSlurm, ctld_env, hold_object, ok, queue, queue_line, refused
 from tests.support.fakedaemon import CLOSE, HANG, FakeDaemon, Responder
 from tests.support.fakedaemon import sockdir as sockdir
 

@@ -41,10 +41,10 @@ from slurm_hooks.outage_spool import (
     read_sheet,
     write_sheet,
 )
-from tests.bridge.test_reconcile import synthetic
-from tests.hooks.test_hooks import FakeSlurm, ctld_env, hold_argv, queue, queue_line
 from tests.support import REPO
+from tests.support.fake_slurm import FakeSlurm, ctld_env, hold_argv, queue, queue_line
 from tests.support.fakedaemon import sockdir as sockdir
+from tests.support.sacct import synthetic
 
 NOW = datetime(2026, 12, 2, 10, 30, 0, tzinfo=UTC)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -236,7 +236,7 @@ def test_the_spool_survives_a_crash(config: Callable[..., str], outage_dir: Path
         "import os, sys\n"
         "from datetime import UTC, datetime\n"
         "from slurm_hooks.hooks import main\n"
-        f"from tests.hooks.test_hooks import ctld_env, queue_line\n"
+        f"from tests.support.fake_slurm import ctld_env, queue_line\n"
         f"env = ctld_env({path!r}, job_id=5)\n"
         "rc = main(['prolog-slurmctld'], environ=env, runner=lambda argv: queue_line(5),"
         " log=lambda line: None,"

@@ -41,10 +41,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import PG_ADMIN_URL, _pg_admin, _pg_url, require
 from tests.support import REPO
 from tests.support.munged import munged
 from tests.support.served import Server, free_port
+from tests.support.services import PG_ADMIN_URL, pg_admin, pg_database_url, require
 
 pytestmark = pytest.mark.install
 
@@ -143,14 +143,14 @@ def gpu_node(workdir: Path, wheel: Path) -> Path:
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
     """A fresh, empty PostgreSQL database: `gpucredit init` makes the schema."""
-    admin = _pg_admin()
+    admin = pg_admin()
     require(admin is not None, "PostgreSQL at " + PG_ADMIN_URL, "start it or set GPUCREDIT_TEST_PG_URL")
     assert admin is not None
     name = f"gpucredit_install_{uuid.uuid4().hex[:10]}"
     with admin.connect() as c:
         c.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield _pg_url(name)
+        yield pg_database_url(name)
     finally:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -188,7 +188,7 @@ def test_any_history_reads_the_same_with_checkpoints_as_by_scan(tx: Any) -> None
 
 
 def test_audit_checkpoint_and_the_sweep_take_checkpoints_that_verify_accepts(db_url: str) -> None:
-    from tests.cli.test_cli import cli_for, dispose_engine
+    from tests.support.cli import cli_for, dispose_engine
 
     gc = cli_for(db_url)
     try:

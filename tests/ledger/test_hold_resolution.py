@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from ledger import api
 from ledger.errors import Conflict
-from tests.cli.test_cli import cli_for, dispose_engine
+from tests.support.cli import cli_for, dispose_engine
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)

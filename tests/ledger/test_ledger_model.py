@@ -54,7 +54,7 @@ from sqlalchemy.orm import Session
 from ledger import api
 from ledger.errors import LedgerError
 from ledger.store.db import make_engine, make_sessionmaker
-from tests.conftest import _pg_admin, _pg_url, require
+from tests.support.services import pg_admin, pg_database_url, require
 
 START = datetime(2026, 12, 1, 9, tzinfo=UTC)
 PRICE_FROM = START - timedelta(days=1)
@@ -933,7 +933,7 @@ def _sqlite_databases(template: Path) -> Callable[[], tuple[str, Callable[[], No
 
 def _postgres_databases(template: str) -> Callable[[], tuple[str, Callable[[], None]]]:
     def new() -> tuple[str, Callable[[], None]]:
-        admin = _pg_admin()
+        admin = pg_admin()
         assert admin is not None
         name = f"gpucredit_m_{uuid.uuid4().hex[:10]}"
         with admin.connect() as c:
@@ -944,7 +944,7 @@ def _postgres_databases(template: str) -> Callable[[], tuple[str, Callable[[], N
                 c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
             admin.dispose()
 
-        return _pg_url(name), drop
+        return pg_database_url(name), drop
 
     return new
 

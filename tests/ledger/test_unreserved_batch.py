@@ -18,7 +18,7 @@ from sqlalchemy import select
 from ledger import api
 from ledger.errors import Conflict, InvalidInput, NotFound
 from ledger.store.tables import allocations_t, holds_t
-from tests.ledger.test_adjust_holds import picture
+from tests.support.books import picture
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)

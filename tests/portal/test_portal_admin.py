@@ -7,7 +7,7 @@ after a change, the database through `ledger.api` in a fresh transaction.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from html.parser import HTMLParser
@@ -22,9 +22,8 @@ from ledger import api
 from ledger.api import HoldState
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time
-from tests.support.portal import Site, csrf_token
+from tests.support.portal import LoginAs, Site, csrf_token
 
-LoginAs = Callable[[str], FlaskClient]
 _KEY = re.compile(r'name="idempotency_key" value="([^"]+)"')
 
 

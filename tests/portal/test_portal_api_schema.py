@@ -18,8 +18,8 @@ import schemathesis
 from flask import Flask
 from hypothesis import HealthCheck, settings
 
-from tests.conftest import _new_database
 from tests.support.portal import bearer, make_app, seed_site
+from tests.support.services import new_database
 
 # The document needs no database: it is read from an app that never opens its store
 # (collection stays cheap); the requests go to the seeded app below.
@@ -34,7 +34,7 @@ class Seeded:
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> Iterator[Seeded]:
-    databases = _new_database("sqlite", tmp_path_factory.mktemp("schema"), sqlite_template, None)
+    databases = new_database("sqlite", tmp_path_factory.mktemp("schema"), sqlite_template, None)
     db_url = next(databases)
     site = seed_site(db_url)
     # Thousands of requests a minute: the per-token rate limit is tested elsewhere.

@@ -42,8 +42,8 @@ from portal import ood
 from portal.ood import ood_document
 from portal.ops import metrics_app
 from portal.settings import PortalConfigError
-from tests.daemon.test_daemon import NO_VAL, PARTITIONS, sinfo_runner
 from tests.support import REPO
+from tests.support.daemon import NO_VAL, PARTITIONS, sinfo_runner
 from tests.support.fakedaemon import sockdir as sockdir
 from tests.support.portal import Site, bearer, make_app, seed_site
 

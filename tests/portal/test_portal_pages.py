@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,9 +20,8 @@ from ledger.jobs import jobruns
 from ledger.money import format_credits, parse_credits
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time, parse_time, utcnow
-from tests.support.portal import Site, login, make_app
+from tests.support.portal import LoginAs, Site, login, make_app
 
-LoginAs = Callable[[str], FlaskClient]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
 

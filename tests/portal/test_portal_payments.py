@@ -21,7 +21,7 @@ from ledger.errors import InvalidInput
 from portal.payments import start_topup
 from portal.store import transaction
 from tests.support.fake_stripe import FakeStripe, StripeRefusal, event, signature
-from tests.support.portal import csrf_token, login, make_app
+from tests.support.portal import csrf_token, logged_in, make_app
 
 WEBHOOK = "/api/v1/payments/stripe/webhook"
 WEBHOOK_SECRET = "whsec_test_portal"
@@ -38,9 +38,7 @@ def payments(app: Flask, account: str = "physics") -> list[dict[str, Any]]:
 
 
 def user_client(app: Flask, user: str) -> FlaskClient:
-    client = app.test_client()
-    assert login(client, user).status_code == 302
-    return client
+    return logged_in(app.test_client(), user)
 
 
 def request_topup(client: FlaskClient, account: str, amount: str, **fields: str) -> Any:

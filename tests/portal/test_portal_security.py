@@ -39,10 +39,10 @@ from flask import Flask
 
 from ledger import api
 from ledger.store.db import make_engine, make_sessionmaker
-from tests.conftest import require
 from tests.support.nginx import Nginx, missing
-from tests.support.portal import PASSWORD, TIMEOUT_MS, Site, private_file, seed_site
+from tests.support.portal import PASSWORD, TIMEOUT_MS, Site, bearer, private_file, seed_site
 from tests.support.served import Server, free_port, portal_config, serve_portal
+from tests.support.services import require
 
 PROXY_SECRET = secrets.token_hex(32)
 GPUCREDIT = str(Path(sys.executable).parent / "gpucredit")
@@ -136,10 +136,6 @@ class Visitor:
         token = self.csrf()
         path = "/login" + ("" if next_path is None else "?next=" + next_path)
         return self.request("POST", path, form={"username": user, "password": password, "csrf_token": token})
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secret}"}
 
 
 # --- the two deployments -------------------------------------------------------------------

@@ -1,7 +1,6 @@
-"""Pytest plugin: the Slurm box fixtures (`slurm_box`, `e2e_ledger_url`).
-
-Register with `pytest_plugins = ["tests.slurm.conftest"]` in tests/conftest.py.
-Tests that use them are marked `@pytest.mark.slurm`.
+"""The Slurm box fixtures (`slurm_box`, `e2e_ledger_url`, and `cluster` and `books` on
+them; tests/support/cluster.py has the classes) for the suites in tests/slurm/, which
+are marked `slurm`.
 
 `slurm_box` reuses a box that is already up (`make slurm-up`) and leaves it
 running; otherwise it starts one for the session and stops it at the end. A box
@@ -20,17 +19,19 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from slurmbox import BoxError, SlurmBox
+from ledger import api, cli_support
+from ledger.money import format_credits
+from ledger.store.db import make_engine
+from ledger.timeutil import parse_time, utcnow
+from slurmbox import BoxError, SlurmBox, run
+from tests.support.cluster import PRICES, RUN_DIR, Books, Cluster
+from tests.support.services import choose_e2e_ledger
 
-PG_HINT = (
-    "install and start PostgreSQL (apt-get install postgresql; pg_ctlcluster 15 main start) "
-    "or set GPUCREDIT_TEST_PG_URL"
-)
 _notes: list[str] = []  # said once in the session summary
 
 
@@ -62,25 +63,6 @@ def slurm_box() -> Iterator[SlurmBox]:
 # --------------------------------------------------------------------------- the e2e ledger
 
 
-@dataclass(frozen=True)
-class LedgerChoice:
-    """Where the end-to-end ledger lives: `store` "postgres" or "sqlite", or None (fail)."""
-
-    store: str | None
-    message: str | None = None
-
-
-def choose_e2e_ledger(pg_available: bool, in_ci: bool, pg_url: str) -> LedgerChoice:
-    """PostgreSQL when it answers. Otherwise: in CI fail (a missing service must never
-    pass silently, nor test the wrong store); outside CI, SQLite and say what to install."""
-    if pg_available:
-        return LedgerChoice("postgres")
-    missing = f"PostgreSQL at {pg_url} does not answer"
-    if in_ci:
-        return LedgerChoice(None, f"{missing}; the Slurm end-to-end tests need it in CI: {PG_HINT}")
-    return LedgerChoice("sqlite", f"{missing}: the Slurm end-to-end tests ran on SQLite; {PG_HINT}")
-
-
 @pytest.fixture(scope="module")
 def e2e_ledger_url(pg_template: str | None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh, migrated ledger for one test module (see the module docstring)."""
@@ -88,7 +70,7 @@ def e2e_ledger_url(pg_template: str | None, tmp_path_factory: pytest.TempPathFac
 
     from ledger.store.db import make_engine
     from ledger.store.schema import upgrade
-    from tests.conftest import IN_CI, PG_ADMIN_URL, _pg_admin, _pg_url
+    from tests.support.services import IN_CI, PG_ADMIN_URL, pg_admin, pg_database_url
 
     choice = choose_e2e_ledger(pg_template is not None, IN_CI, PG_ADMIN_URL)
     if choice.store is None:
@@ -102,14 +84,14 @@ def e2e_ledger_url(pg_template: str | None, tmp_path_factory: pytest.TempPathFac
         engine.dispose()
         yield url
         return
-    admin = _pg_admin()
+    admin = pg_admin()
     if admin is None:  # answered a moment ago for the template
         pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} stopped answering", pytrace=False)
     name = f"gpucredit_e2e_{uuid.uuid4().hex[:8]}"
     with admin.connect() as c:
         c.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
     try:
-        yield _pg_url(name)
+        yield pg_database_url(name)
     finally:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -119,3 +101,39 @@ def e2e_ledger_url(pg_template: str | None, tmp_path_factory: pytest.TempPathFac
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for note in _notes:
         terminalreporter.write_line(f"slurm e2e: {note}", yellow=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_box: SlurmBox, e2e_ledger_url: str) -> Iterator[Cluster]:
+    """The box wired to a daemon of this test module, on the e2e ledger (PostgreSQL;
+    tests/conftest_slurm.py says when it may be SQLite)."""
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(e2e_ledger_url)
+    previous_config = slurm_box.config_path
+    c = Cluster(slurm_box, e2e_ledger_url, engine, RUN_DIR / "gpucredit.toml")
+    with c.tx() as s:
+        for gres, price in PRICES.items():
+            api.set_price(s, gres, format_credits(price), effective_at=parse_time("2026-01-01"))
+    c.write_config("reject")
+    c.start_daemon()
+    try:
+        yield c
+    finally:
+        c.stop_daemon()
+        for job in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
+            job_id, _sep, account = job.partition("|")
+            if account in c.accounts:
+                run(["/usr/bin/scancel", job_id], check=False)
+        slurm_box.config_path = previous_config
+        slurm_box.use_hooks()
+        if c.accounts:  # leave Slurm's association tree as we found it
+            run(["/usr/bin/sacctmgr", "-i", "delete", "account", ",".join(c.accounts)], check=False)
+        cli_engine = cli_support._engines.pop(e2e_ledger_url, None)
+        if cli_engine is not None:
+            cli_engine.dispose()
+        engine.dispose()
+
+
+@pytest.fixture
+def books(cluster: Cluster) -> Books:
+    return Books(cluster, since=utcnow() - timedelta(seconds=2))

@@ -21,9 +21,7 @@ from ledger.store.models import JobRun, table_of
 from ledger.store.tables import entries_t
 from ledger.timeutil import utcnow
 from slurmbox import run
-from tests.slurm.test_slurm_e2e import PRICES, Books, Cluster, sacct_runs, submit
-from tests.slurm.test_slurm_e2e import books as books
-from tests.slurm.test_slurm_e2e import cluster as cluster
+from tests.support.cluster import PRICES, Books, Cluster, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
 job_runs_t = table_of(JobRun)

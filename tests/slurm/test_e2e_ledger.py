@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.slurm.conftest import PG_HINT, LedgerChoice, choose_e2e_ledger
 from tests.support import REPO
+from tests.support.services import PG_HINT, LedgerChoice, choose_e2e_ledger
 
 pytest_plugins = ["pytester"]
 

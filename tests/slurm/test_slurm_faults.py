@@ -44,9 +44,9 @@ from ledger.store.tables import entries_t
 from ledger.timeutil import parse_time, utcnow
 from slurmbox import SlurmBox, run
 from slurmbox.box import JOB_DIR
-from tests.conftest import require
-from tests.daemon.test_two_daemons import DaemonProcess
-from tests.slurm.test_slurm_e2e import PRICES, Cluster, is_prolog_refusal, sacct_runs
+from tests.support.cluster import PRICES, Cluster, is_prolog_refusal, sacct_runs
+from tests.support.daemon import DaemonProcess
+from tests.support.services import require
 
 pytestmark = pytest.mark.slurm
 

@@ -25,8 +25,7 @@ from ledger import api
 from ledger.config import load_config
 from ledger.timeutil import utcnow
 from slurmbox import run
-from tests.slurm.test_slurm_e2e import Cluster
-from tests.slurm.test_slurm_e2e import cluster as cluster
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.slurm
 

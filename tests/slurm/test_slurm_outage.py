@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_hooks.outage_spool import RUNS, SHEET, Spool
-from tests.slurm.test_slurm_e2e import PRICES, RUN_DIR, Books, Cluster, submit
-from tests.slurm.test_slurm_e2e import books as books
-from tests.slurm.test_slurm_e2e import cluster as cluster
+from tests.support.cluster import PRICES, RUN_DIR, Books, Cluster, submit
 
 pytestmark = pytest.mark.slurm
 

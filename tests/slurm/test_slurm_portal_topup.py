@@ -19,13 +19,11 @@ from flask import Flask
 from ledger import api
 from portal.auth import hash_password
 from slurmbox import run
-from tests.slurm import test_slurm_e2e
-from tests.slurm.test_slurm_e2e import Cluster, submit
+from tests.support.cluster import Cluster, submit
 from tests.support.fake_stripe import FakeStripe, event, signature
 from tests.support.portal import PASSWORD, csrf_token, login, make_app
 
 pytestmark = pytest.mark.slurm
-cluster = test_slurm_e2e.cluster  # the fixture: the box wired to a daemon on a fresh ledger
 WEBHOOK_SECRET = "whsec_e2e"
 
 

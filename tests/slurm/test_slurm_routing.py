@@ -18,9 +18,7 @@ import pytest
 
 from ledger import api
 from slurmbox import run
-from tests.slurm.test_slurm_e2e import PRICES, Books, Cluster, sacct_runs, submit
-from tests.slurm.test_slurm_e2e import books as books
-from tests.slurm.test_slurm_e2e import cluster as cluster
+from tests.support.cluster import PRICES, Books, Cluster, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
 

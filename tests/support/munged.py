@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import require
+from tests.support.services import require
 
 MUNGED = "/usr/sbin/munged"
 

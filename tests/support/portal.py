@@ -1,14 +1,14 @@
-"""Portal fixtures: an app on a fresh database, a seeded site, logins and tokens.
+"""Portal test helpers: an app on a database, a seeded site, logins and tokens; the
+fixtures built on them (`site`, `app`, `client`, `login_as`, `browser`) are in
+tests/portal/conftest.py.
 
-`site` seeds the same small site for every portal test (prices, two accounts with a
+`seed_site` (the `site` fixture) seeds the same small site for every portal test (prices, two accounts with a
 manager and members each, an admin, top-ups, a promotion, two finished jobs and a
 running one), so tests assert exact figures a user would read.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.orm import Session
@@ -124,30 +123,6 @@ def seed_site(db_url: str) -> Site:
     return Site(now=now, start=start, tokens=tokens)
 
 
-@pytest.fixture
-def portal_db(tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
-    """A fresh SQLite database for one portal test (API tests that must also run on
-    PostgreSQL take the `db_url` fixture instead)."""
-    from tests.conftest import _new_database
-
-    yield from _new_database("sqlite", tmp_path, sqlite_template, None)
-
-
-@pytest.fixture
-def site(portal_db: str) -> Site:
-    return seed_site(portal_db)
-
-
-@pytest.fixture
-def app(portal_db: str, site: Site) -> Flask:
-    return make_app(portal_db)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
 def csrf_token(client: FlaskClient, path: str = "/login") -> str:
     page = client.get(path)
     match = _CSRF.search(page.get_data(as_text=True))
@@ -160,14 +135,15 @@ def login(client: FlaskClient, user: str, password: str = PASSWORD) -> Any:
     return client.post("/login", data={"username": user, "password": password, "csrf_token": token})
 
 
-@pytest.fixture
-def login_as(client: FlaskClient) -> Callable[[str], FlaskClient]:
-    def log_in(user: str) -> FlaskClient:
-        response = login(client, user)
-        assert response.status_code == 302, response.get_data(as_text=True)
-        return client
+LoginAs = Callable[[str], FlaskClient]  # the `login_as` fixture
 
-    return log_in
+
+def logged_in(client: FlaskClient, user: str) -> FlaskClient:
+    """`client` with `user` logged in (the seeded PASSWORD); the one login helper of the
+    portal's tests (a real browser's and a real server's log in over their own transport)."""
+    response = login(client, user)
+    assert response.status_code == 302, response.get_data(as_text=True)
+    return client
 
 
 def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
@@ -192,32 +168,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TIMEOUT_MS = 30_000  # the longest any page state may take to appear on 2 busy cores
-
-
-@pytest.fixture(scope="module")
-def playwright_api() -> Iterator[Any]:
-    """Playwright driving Debian's Chromium (never a browser Playwright downloads);
-    without them a browser test fails under CI and skips elsewhere."""
-    from tests.conftest import require
-
-    require(
-        importlib.util.find_spec("playwright") is not None,
-        "playwright",
-        "pip install -e '.[dev]' (it drives Debian's chromium; never run 'playwright install')",
-    )
-    require(os.access(CHROMIUM, os.X_OK), f"Chromium at {CHROMIUM}", "apt-get install chromium")
-    from playwright.sync_api import expect, sync_playwright
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as playwright:
-        yield playwright
-
-
-@pytest.fixture(scope="module")
-def browser(playwright_api: Any) -> Iterator[Any]:
-    chromium = playwright_api.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-    yield chromium
-    chromium.close()
 
 
 def bearer(secret: str) -> dict[str, str]:
