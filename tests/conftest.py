@@ -3,6 +3,10 @@
 SQLite always runs. PostgreSQL runs when it answers at GPUCREDIT_TEST_PG_URL
 (default postgresql+psycopg://postgres@127.0.0.1:5432/postgres); when it does
 not, its tests FAIL under CI (env CI set) and are skipped elsewhere with a hint.
+
+Markers select what they say (docs/design.md, "Where the tests are"): every test on
+the PostgreSQL store is marked `postgres` here, so `-m 'not postgres'` runs without it;
+a test that takes the Slurm box is marked `slurm`, one that takes a browser `browser`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,29 @@ from sqlalchemy.orm import Session
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.schema import upgrade
 from tests.support.services import new_database, pg_admin, pg_database_url
+
+# Fixtures that are a PostgreSQL database, and the markers fixtures imply.
+POSTGRES_FIXTURES = {"pg_url", "tx_pg"}
+MARKER_OF_FIXTURE = {"slurm_box": "slurm", "browser": "browser"}
+
+
+def needs_postgres(item: pytest.Item) -> bool:
+    """On the PostgreSQL store: the `store` parameter (the fixture's or a test's own
+    parametrize) is "postgres", or the test takes a PostgreSQL-only fixture."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("store") == "postgres":
+        return True
+    return bool(POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if needs_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in fixtures and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

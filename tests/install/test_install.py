@@ -204,6 +204,7 @@ def test_the_wheel_carries_every_file_a_command_reads(wheel: Path) -> None:
     assert not any(name.startswith(("tests/", "slurmbox/", "bench/")) for name in names)
 
 
+@pytest.mark.postgres  # the `database` fixture
 def test_a_controller_runs_every_documented_command_without_the_portal(
     controller: Path, config: Path, database: str
 ) -> None:
@@ -242,6 +243,7 @@ def test_a_controller_runs_every_documented_command_without_the_portal(
     )
 
 
+@pytest.mark.postgres  # the `database` fixture
 def test_a_portal_host_serves_every_page_from_the_wheel(
     controller: Path, portal_host: Path, config: Path, workdir: Path
 ) -> None:
@@ -345,6 +347,7 @@ class Browser:
         assert response.status == 200 and "Log in</h1>" not in response.read().decode(), user
 
 
+@pytest.mark.postgres  # the `database` fixture
 def test_a_gpu_node_sends_its_samples_through_munge_to_the_controller(
     controller: Path, gpu_node: Path, config: Path, database: str, workdir: Path
 ) -> None:
