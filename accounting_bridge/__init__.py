@@ -14,7 +14,7 @@ Slurm's own limits in step with the ledger. One sub-package per process or exter
     cli_support.py  what the bridge's commands share (injected runner and clock)
 
 slurm/ imports no other sub-package; every other one imports slurm/ at most, never a
-sibling (tests/test_boundaries.py). Money moves through the ledger's public modules only.
+sibling (tests/architecture/test_boundaries.py). Money moves through the ledger's public modules only.
 The daemon runs two of these on its own: the limits sync and the outage read-back
 (gpucredit/daemon/).
 """

@@ -122,7 +122,7 @@ def daemon_process(
     database: str, workdir: Path, batch_max: int, writers: int, weighted: bool = True
 ) -> Iterator[tuple[str, int]]:
     """A real `gpucredit daemon` on `database`; yields its socket. Its Slurm is an sinfo
-    script (the daemon reads partitions in the background), as in tests/test_daemon.py.
+    script (the daemon reads partitions in the background), as in tests/daemon/test_daemon.py.
     `weighted`: with the CPU share its systemd unit gives it (`weigh_as_its_unit`)."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir()

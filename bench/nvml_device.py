@@ -10,7 +10,7 @@ matrix-multiply load, and idle again, and checks what the agent would record:
 allocated GPU-seconds exactly the sum of the intervals, busy seconds only under load,
 energy and peak memory rising under load. It also writes `nvml_recording.json`:
 what each NVML call the fake imitates returned on this GPU (result fields, error
-codes), which `tests/test_nvml_sampler.py` compares with `FakeNvml` in CI, where no
+codes), which `tests/bridge/test_nvml_sampler.py` compares with `FakeNvml` in CI, where no
 GPU exists. Exit status 1 when a check fails.
 """
 

@@ -17,7 +17,7 @@
     errors.py  every expected failure, with its code and HTTP and exit statuses
     money.py   integer micro-credits; timeutil.py: aware UTC times; config.py: settings
 
-tests/test_boundaries.py holds the layers (its FLOOR_PLAN) and the boundary: the ledger
+tests/architecture/test_boundaries.py holds the layers (its FLOOR_PLAN) and the boundary: the ledger
 imports nothing from the other gpucredit packages, and they read and change money
 through ledger.api and a few plumbing modules only. Importing this package is cheap on
 purpose (hooks import `ledger.config` with the stdlib only): the database layer is

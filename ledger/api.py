@@ -1,7 +1,7 @@
 """The ledger's public surface: every read and change of money, one name per act.
 
 Other packages read and change money only through this module (and format or parse
-amounts at their edge with `ledger.money`); tests/test_boundaries.py keeps it so. It
+amounts at their edge with `ledger.money`); tests/architecture/test_boundaries.py keeps it so. It
 only re-exports: each name lives in the sub-package the part names, where its rules are.
 
 Every function takes a SQLAlchemy `Session` and never commits; the caller owns the

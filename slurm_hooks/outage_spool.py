@@ -20,7 +20,7 @@ forgets it here; until then it keeps counting against the lines.
 
 Stdlib only and cheap to import: it runs inside the hooks. The estimate rule is the
 ledger's (`ledger.money.charge_for`: cumulative seconds at a rate, rounded half-up once);
-tests/test_outage.py checks the two agree.
+tests/hooks/test_outage.py checks the two agree.
 """
 
 from __future__ import annotations

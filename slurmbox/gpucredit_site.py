@@ -13,7 +13,7 @@ still hold and settle through the other. Then:
 
 The ledger is the embedded SQLite file: trying gpucredit needs no database
 server. Point `[database] url` at PostgreSQL for anything more (the tests' box
-ledger does, see tests/conftest_slurm.py).
+ledger does, see tests/slurm/conftest.py).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ guessed, skipped or clipped silently. The words Slurm prints for "nothing"
 as empty or None; a value that is absent (``None``) is the caller's to decide.
 
 Hook processes import this module, so it imports only ``re`` and ``datetime``
-(no dataclasses, typing or subprocess: tests/test_hooks.py checks). It runs
+(no dataclasses, typing or subprocess: tests/hooks/test_hooks.py checks). It runs
 no command and reads no file. ``job_submit/job_submit.lua`` runs inside
 slurmctld's Lua and cannot import Python: it forwards job_desc's raw strings to
 the daemon, which parses them here (job_submit/request.py).

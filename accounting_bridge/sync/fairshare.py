@@ -30,7 +30,7 @@ floor, so a few very large accounts do not lift every small one to the same figu
 Two significant figures keep Slurm quiet: a job's charge does not move an account
 from 350 to 349.7 shares, and accounts that round alike share one `sacctmgr` call.
 
-Worked example (the documentation's, and tests/test_fairshare.py's)::
+Worked example (the documentation's, and tests/bridge/test_fairshare.py's)::
 
     account    funded  spent   left    claim                     shares
     physics    400.00  100.00  300.00  400 - 50% x 100 = 350     350

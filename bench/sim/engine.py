@@ -50,7 +50,7 @@ from ledger.money import format_credits, parse_credits
 CLUSTER = "sim"
 PARTITION = "gpu"
 GRACE_SECONDS = 600
-# Test-only defects (tests/test_simulate.py): each must make the books check fail.
+# Test-only defects (tests/bench/test_simulate.py): each must make the books check fail.
 # What a reconciliation round counts when it moves money.
 MONEY_MOVES = ("charged", "adjusted", "unreserved", "refunded", "released")
 DEFECTS = ("no_node_fail_refund", "double_charge_requeue")

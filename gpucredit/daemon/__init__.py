@@ -28,7 +28,7 @@ answers it), as the project was specified; the sync and the read-back the keeper
 the bridge's (accounting_bridge/sync/, accounting_bridge/outage/), which admins also run
 by hand, and so is the agents' receiver (accounting_bridge/nvml/). Hook processes never
 import this package (they are stdlib clients, `slurm_hooks`), so SQLAlchemy never reaches
-a prolog; tests/test_runtimes.py keeps it so.
+a prolog; tests/architecture/test_runtimes.py keeps it so.
 """
 
 from gpucredit.daemon.server import Daemon

@@ -4,7 +4,7 @@ They happen in this process, where the portal cannot count them, so the daemon s
 them itself on 127.0.0.1:`daemon.metrics_port` (default 9466; 0: not served), and
 Prometheus scrapes it beside the portal's /metrics. prometheus-client comes with the
 `portal` extra: a daemon installed without it answers as before, unmeasured, and says
-so once at start. Hook processes never import this module (tests/test_runtimes.py).
+so once at start. Hook processes never import this module (tests/architecture/test_runtimes.py).
 """
 
 from __future__ import annotations

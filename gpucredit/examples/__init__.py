@@ -20,7 +20,7 @@ import click
 
 __all__ = ["EXAMPLES", "example_command", "example_text"]
 
-# Every file here, and what it is for (tests/test_install.py checks the list is whole).
+# Every file here, and what it is for (tests/install/test_install.py checks the list is whole).
 EXAMPLES: dict[str, str] = {
     "gpucredit.toml": "/etc/gpucredit/gpucredit.toml: every setting, safe defaults",
     "systemd/gpucredit-daemon.service": "the daemon (controller, root, before slurmctld)",

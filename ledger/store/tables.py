@@ -3,7 +3,7 @@
 The mapped classes (ledger.store.models) declare the schema; the ledger's statements
 (locks, grouped sums, bulk writes, lean reads) are Core, over these. A `*_t` name stays
 inside the ledger: other packages read and change money through `ledger.api`
-(tests/test_boundaries.py).
+(tests/architecture/test_boundaries.py).
 
     accounts_t        customer and system accounts, each with its journal's head
     members_t         who may charge an account, and who manages it

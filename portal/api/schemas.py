@@ -1,5 +1,5 @@
 """The shapes the API takes and returns: OpenAPI components, checked on every request
-(`portal.api.checks`) and on every response by tests/test_portal_api_schema.py.
+(`portal.api.checks`) and on every response by tests/portal/test_portal_api_schema.py.
 
 Credits are decimal strings, never numbers; times are ISO 8601 UTC strings.
 """

@@ -2,7 +2,7 @@
 
 The providers (manual.py, stripe_provider.py) implement `providers.Provider` and import
 only providers.py; this module imports them, so no provider imports another or the
-registry (providers.py named them itself, a cycle: tests/test_import_cycles.py).
+registry (providers.py named them itself, a cycle: tests/architecture/test_import_cycles.py).
 """
 
 from __future__ import annotations

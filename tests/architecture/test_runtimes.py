@@ -3,7 +3,7 @@
 Slurm waits on PrologSlurmctld before a job starts, and importing SQLAlchemy and
 psycopg alone costs 0.5-1 s, so hook-process code (slurm_hooks/*.py, slurmtext/) is
 standard library only. Daemon-side code lives in gpucredit/daemon/ (and job_submit's
-answer), admin commands in slurm_hooks/admin/. tests/test_hooks.py measures what a hook
+answer), admin commands in slurm_hooks/admin/. tests/hooks/test_hooks.py measures what a hook
 process actually imports; this test reads the source, so a lazy import inside a
 function cannot slip through either.
 """

@@ -2,8 +2,8 @@
 daemon over TCP, each batch a MUNGE credential, and the daemon's receiver believes only
 what its own munged decodes, from root or the SlurmUser, fresh and never seen before.
 
-Real parts: a munged of the test's own (tests/munged.py; a second one with another key
-plays a host outside the cluster), the fake NVML of tests/test_agent.py, both stores.
+Real parts: a munged of the test's own (tests/support/munged.py; a second one with another key
+plays a host outside the cluster), the fake NVML of tests/bridge/test_agent.py, both stores.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ledger.store.db import make_engine, make_sessionmaker
 from tests.support.agent import GiB, Monotonic, usage_rows
 from tests.support.munged import munged
 
-# tests/test_agent.py's three ticks, written by the agent itself.
+# tests/bridge/test_agent.py's three ticks, written by the agent itself.
 THREE_TICKS = {(100, "a100"): (30, 15, 600, 12 * GiB), (101, "h100"): (60, 8, 200, 5 * GiB)}
 ROW = UsageDelta("lab", 7, 0, "node1", "a100", 10, 5, 100, 2**30)
 
@@ -64,7 +64,7 @@ def receiver(db_url: str, munge_socket: str) -> Iterator[UsageReceiver]:
 
 
 def two_more_ticks(agent: Agent, nvml: FakeNvml, clock: Monotonic) -> None:
-    """As tests/test_agent.py's run_three_ticks, after its first tick."""
+    """As tests/bridge/test_agent.py's run_three_ticks, after its first tick."""
     for memory_gib in (12, 8):
         clock.now += 10
         nvml.gpus[0].add_energy(300)
@@ -89,7 +89,7 @@ def send_line(receiver: UsageReceiver, line: bytes) -> dict[str, Any]:
 def test_the_agent_sends_through_munge_what_it_would_write(
     tx: Callable[[], Any], node: tuple[FakeNvml, GpuRegistry], receiver: UsageReceiver, munge_socket: str
 ) -> None:
-    """The same rows as an agent writing the database itself (tests/test_agent.py), through
+    """The same rows as an agent writing the database itself (tests/bridge/test_agent.py), through
     the receiver; the node's sender has no database at all."""
     nvml, registry = node
     clock = Monotonic()

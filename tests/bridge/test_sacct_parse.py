@@ -448,7 +448,7 @@ def test_text_times_are_read_in_the_given_zone() -> None:
     assert first.start is not None and first.start.tzinfo == UTC
 
 
-# Times, TRES, hostlists and GRES detail themselves: tests/test_slurmtext.py.
+# Times, TRES, hostlists and GRES detail themselves: tests/slurmtext/test_slurmtext.py.
 
 
 # --------------------------------------------------------------------------- JSON documents

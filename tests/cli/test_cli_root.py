@@ -14,7 +14,7 @@ import pytest
 
 from gpucredit.cli import EXIT_MISSING_EXTRA, _build
 
-# Every command of `gpucredit`, the public contract the docs and tests/test_cli*.py use.
+# Every command of `gpucredit`, the public contract the docs and tests/cli/test_cli*.py use.
 COMMAND_TEXT = """
 account account/create account/import-slurm account/list account/show adjust agent
 audit audit/checkpoint audit/verify balance bridge bridge/meter bridge/reconcile bridge/sacct

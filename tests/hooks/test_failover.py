@@ -4,8 +4,8 @@
 hanging, garbling or `unavailable` daemon passes the request to the next, an answer
 (result or refusal) is final, and the whole call stays within its timeout. The hooks
 read the list from `daemon.sockets`. Fake daemons are real Unix-socket servers
-(tests/fakedaemon.py); the two real daemons on one database are in
-tests/test_two_daemons.py.
+(tests/support/fakedaemon.py); the two real daemons on one database are in
+tests/daemon/test_two_daemons.py.
 """
 
 from __future__ import annotations

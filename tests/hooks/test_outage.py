@@ -3,7 +3,7 @@ that charges what the hooks admitted (accounting_bridge/outage/readback.py), and
 overspend bound (ledger/holds/bounds.py, `gpucredit policy bound`); docs/outage.md.
 
 The hooks run in-process against a daemon socket nobody listens on (the ledger is
-down) and a fake scontrol (tests/test_hooks.py's); the read-back and the bound run on
+down) and a fake scontrol (tests/support/fake_slurm.py); the read-back and the bound run on
 both stores.
 """
 

@@ -1,5 +1,5 @@
 """`gpucredit example`: the config, units and proxy files the admin guide copies ship in
-the package (so in the wheel: tests/test_install.py), and copy to an installation's own
+the package (so in the wheel: tests/install/test_install.py), and copy to an installation's own
 paths."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 queue on one lock) against one account whose credit covers exactly K of them:
 exactly K are admitted, available credit never dips below zero at any point of the
 journal, and every entry's postings sum to zero. Racing top-ups that share one
-idempotency key create exactly one grant. tests/test_races.py races the rest.
+idempotency key create exactly one grant. tests/ledger/test_races.py races the rest.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The JSON API under /api/v1, as a hook, a bridge, an admin and a researcher use it.
 
-Every route, with the seeded site's exact figures (tests/conftest_portal.py): who may
+Every route, with the seeded site's exact figures (tests/support/portal.py): who may
 see and do what, what each refusal says, and what the ledger holds afterwards. The
 money paths run on both stores.
 """

@@ -1,7 +1,7 @@
 """Operations: the Open OnDemand balance document and file, /metrics, /healthz, the
 Grafana dashboard's metric names, and `gpucredit balance` for one's own accounts.
 
-Figures are the seeded site's (tests/conftest_portal.py): physics 100.00 available and
+Figures are the seeded site's (tests/support/portal.py): physics 100.00 available and
 14.40 held (job 1003 runs), 5.60 spent; chemistry 39.00 available, 1.00 spent.
 """
 

@@ -2,7 +2,7 @@
 paid by signed webhooks, replays that credit nothing, and who may do what.
 
 The seeded site: physics has 100.00 available (alice manager, bob member), chemistry
-39.00 (carol); dave belongs to no account. Stripe is tests/fake_stripe.py.
+39.00 (carol); dave belongs to no account. Stripe is tests/support/fake_stripe.py.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="module")
 def cluster(slurm_box: SlurmBox, e2e_ledger_url: str) -> Iterator[Cluster]:
     """The box wired to a daemon of this test module, on the e2e ledger (PostgreSQL;
-    tests/conftest_slurm.py says when it may be SQLite)."""
+    tests/slurm/conftest.py says when it may be SQLite)."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     engine = make_engine(e2e_ledger_url)
     previous_config = slurm_box.config_path

@@ -2,7 +2,7 @@
 on running jobs, and cancelling a job that runs past what its account may spend.
 
 Charges are checked against sacct's ElapsedRaw x price, the figure a user is promised
-(see tests/test_slurm_e2e.py)."""
+(see tests/slurm/test_slurm_e2e.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ charge, skip a hold or escape billing, and a refused job must not loop.
 Each test replays an attack or a loop that worked before the fix (S1..S6 of the issue)
 and asserts what a user would notice: holds taken, exact charges after the bridge,
 balances of accounts nobody touched, `squeue` states and restart counts, messages.
-tests/test_slurm_e2e.py's `cluster` (hooks, this module's ledger, accounts) and `books`.
+tests/slurm/conftest.py's `cluster` (hooks, this module's ledger, accounts) and `books`.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_a_job_over_a_cap_beside_a_running_job_waits_and_starts_when_it_fits(
         api.set_limits(s, account, user="alice", max_gpus=1)
     first = cluster.box.submit(["-A", account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 8"])
     cluster.box.wait_state(first, "RUNNING", timeout=60)
-    # Accepted at submit (told it waits, from the daemon's picture: tests/test_daemon.py),
+    # Accepted at submit (told it waits, from the daemon's picture: tests/daemon/test_daemon.py),
     # held by its prolog, released once the first job's GPU is free; never a loop.
     second = cluster.box.submit(["-A", account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 1"])
     cluster.box.wait_state(second, "COMPLETED", timeout=90)

@@ -1,6 +1,6 @@
 """Slurm's own limits from the ledger, on the real box (docs/limits-sync.md).
 
-tests/test_slurm_e2e.py's `cluster` (hooks, this module's ledger and accounts), with this
+tests/slurm/conftest.py's `cluster` (hooks, this module's ledger and accounts), with this
 module's daemon running the limits keeper (`limits_sync.in_daemon`) on a clock the tests
 move, and scarcity caps on partition onprem (8 GPUs on node1-2, QOS gpucredit-onprem).
 The keeper's full sync is hourly here, so only the CLI's `limits sync` (and a block that

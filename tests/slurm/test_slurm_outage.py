@@ -2,7 +2,7 @@
 the daemon stopped a job runs within its account's line and the next one waits, held
 with the line, the value and the cap; with the daemon back the first is charged once
 from the spool, the second is released and runs on a hold, and after `bridge sacct`
-the books are exact. Uses tests/test_slurm_e2e.py's cluster and books.
+the books are exact. Uses tests/slurm/conftest.py's cluster and books.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A top-up paid through the portal frees a job Slurm held for lack of credit.
 
-On the real Slurm box (tests/test_slurm_e2e.py's `cluster`: hooks, the daemon and its
+On the real Slurm box (tests/slurm/conftest.py's `cluster`: hooks, the daemon and its
 release loop, this module's own account): the prolog holds a job its account cannot
 pay for, the account's member buys credit on the portal's Stripe checkout
-(tests/fake_stripe.py) and Stripe's signed webhook marks it paid. The daemon's own
+(tests/support/fake_stripe.py) and Stripe's signed webhook marks it paid. The daemon's own
 release loop, the only release path, then lets the job run.
 """
 

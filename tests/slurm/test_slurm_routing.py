@@ -4,7 +4,7 @@ The box's `onprem` partition is node1 and node2, `cloud` is node3 alone
 (conf/slurm/slurm.conf.in), so on-premise GPUs can all be busy while the cloud's are
 free, and every other e2e test keeps the two-node default partition it had. Cloud
 H100s cost 5.40 an hour here, set with this module's own `gpucredit price set
---partition cloud` on its own ledger (tests/test_slurm_e2e.py's `cluster`).
+--partition cloud` on its own ledger (tests/slurm/conftest.py's `cluster`).
 
 Money is checked as there (`Books.check`: after `gpucredit bridge sacct`, each run's
 charge is sacct's ElapsedRaw × the price of the partition it ran in).
