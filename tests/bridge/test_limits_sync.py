@@ -534,7 +534,10 @@ def test_sync_applies_its_plan_and_a_second_run_changes_nothing(cli: Callable[..
     again = cli("limits", "sync", runner=slurm.expect()).stdout.splitlines()
     assert again == ["no changes; 9 already right"]
     assert len(slurm.modified) == len(dry["commands"])  # the second run modified nothing
-    assert cli("limits", "sync", "--format", "csv", runner=slurm.expect()).stdout == ""
+    assert (
+        cli("limits", "sync", "--format", "csv", runner=slurm.expect()).stdout
+        == "scope,name,old,new,reason\n"
+    )  # the header alone
 
 
 def test_a_failed_call_exits_1_and_says_how_far_it_got(cli: Callable[..., Result]) -> None:
