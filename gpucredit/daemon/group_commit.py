@@ -367,6 +367,10 @@ def _connection_lost(s: Session, error: Exception) -> bool:
     if not getattr(driver, "broken", False) and not getattr(driver, "closed", False):
         return False
     connection.invalidate(error)
+    # One dead connection means the database went away (a restart): the others pooled with
+    # it are dead too, and a checkout pings only idle ones. Drop them all, as SQLAlchemy
+    # does itself on a disconnect it sees (this one came from the driver directly).
+    connection.engine.pool.dispose()
     return True
 
 
