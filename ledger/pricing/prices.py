@@ -129,10 +129,12 @@ def set_price(
     def insert_version() -> dict[str, Any]:
         now = utcnow()
         at = effective_at or now
-        in_force = _exact_version_at(s, gres, partition, at)
+        in_force = _exact_version_at(s, gres, partition, now) if effective_at is None else None
         if in_force is not None and in_force[1] == amount:
-            # A version at `at` with the price already in force then changes no price at any
-            # time (a later version still wins after its own time): add none, and say so.
+            # The guide's `price set h100 3.60` repeated: a version from now with the price in
+            # force changes no price from now on. Add none, and say so. A version with its own
+            # time is always kept, the same price or not: a version set later, effective
+            # before it, would otherwise outlast it (the model test found this).
             return {
                 "gres": gres,
                 "partition": partition,

@@ -729,14 +729,19 @@ def test_setting_the_price_already_in_force_adds_no_version(gc, db_url) -> None:
     # Another price, or the same one where another is in force, is a new version.
     gc("price", "set", "h100", "4.00", "--effective", "2027-01-01")
     gc("price", "set", "h100", "3.60", "--effective", "2028-01-01")
-    gc("price", "set", "h100", "4.00", "--effective", "2027-06-01")  # 4.00 already then: none
+    # 4.00 is in force then already, but a version with its own time is kept: one set later,
+    # effective before it (4.50 from 2027-03-01), must not outlast it.
+    gc("price", "set", "h100", "4.00", "--effective", "2027-06-01")
+    gc("price", "set", "h100", "4.50", "--effective", "2027-03-01")
     assert [
         (v["credits_per_gpu_hour"], v["effective_at"][:10]) for v in versions() if v["gres"] == "h100"
     ] == [
         ("3.60", "2020-01-01"),
         ("4.00", "2027-01-01"),
+        ("4.50", "2027-03-01"),
+        ("4.00", "2027-06-01"),
         ("3.60", "2028-01-01"),
     ]
     # A partition's own price is its own: the general 3.60 does not make a cloud 3.60 a repeat.
     gc("price", "set", "h100", "3.60", "--partition", "cloud")
-    assert len(versions()) == len(before) + 3
+    assert len(versions()) == len(before) + 5
