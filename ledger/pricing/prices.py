@@ -128,7 +128,6 @@ def set_price(
 
     def insert_version() -> dict[str, Any]:
         now = utcnow()
-        at = effective_at or now
         in_force = _exact_version_at(s, gres, partition, now) if effective_at is None else None
         if in_force is not None and in_force[1] == amount:
             # The guide's `price set h100 3.60` repeated: a version from now with the price in
