@@ -77,15 +77,63 @@ def account_group() -> None:
 
 @account_group.command("create")
 @click.argument("name")
+@click.option("--parent", default=None, help="The parent account in Slurm's tree (default: top level).")
 @at_option
 @key_option
 @ledger_command
-def account_create(name: str, at: str | None, idempotency_key: str | None) -> None:
+def account_create(name: str, parent: str | None, at: str | None, idempotency_key: str | None) -> None:
     from ledger import api
 
     with transaction() as s:
-        api.create_account(s, name, at=parse_time_option(at, "at"), idempotency_key=idempotency_key)
-    click.echo(f"account {name} created")
+        api.create_account(
+            s, name, parent=parent, at=parse_time_option(at, "at"), idempotency_key=idempotency_key
+        )
+    click.echo(f"account {name} created" + (f" under {parent}" if parent else ""))
+
+
+@account_group.command("set-parent")
+@click.argument("name")
+@click.argument("parent", required=False)
+@key_option
+@ledger_command
+def account_set_parent(name: str, parent: str | None, idempotency_key: str | None) -> None:
+    """Move NAME (with its subtree) under PARENT; without PARENT, to the top level."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.set_parent(s, name, parent, idempotency_key=idempotency_key)
+    where = f"under {parent}" if parent else "at the top level"
+    click.echo(f"account {name} {'now' if result['changed'] else 'already'} {where}")
+
+
+@account_group.command("tree")
+@click.argument("name", required=False)
+@format_option
+@ledger_command
+def account_tree(name: str | None, fmt: str) -> None:
+    """The account tree (or NAME's subtree) with each account's own credit."""
+    from ledger import api
+    from ledger.errors import NotFound
+
+    with transaction() as s:
+        parents = api.account_parents(s)
+        if name is not None and name not in parents:
+            raise NotFound(f"account {name!r} does not exist", details={"account": name})
+        wanted = None if name is None else set(api.subtree(parents, name))
+        rows = []
+        for account, depth in api.tree_order(parents):
+            if wanted is not None and account not in wanted:
+                continue
+            b = api.balance(s, account)
+            rows.append(
+                {
+                    "account": "  " * depth + account if fmt == "table" else account,
+                    "parent": parents[account],
+                    "available": b["available"],
+                    "held": b["held"],
+                }
+            )
+    emit(rows, fmt, ["account", "parent", "available", "held"])
 
 
 @account_group.command("list")

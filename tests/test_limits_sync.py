@@ -632,7 +632,8 @@ def test_slurm_check_lists_every_difference_and_sync_fixes_them(
         "limits sync",
     )
     assert rows[("scarcity", "onprem")] == ("per user gres/gpu=4, per account gres/gpu=6", "-", "limits sync")
-    assert found["left"] == len(found["differences"]) == 23
+    assert rows[("parent", "limsub")] == ("limtop", "-", imported)  # the tree is compared too
+    assert found["left"] == len(found["differences"]) == 24
     sync = ("slurm", "check", "--sync", "--format", "json")
     fixed = json.loads(cli(*sync, runner=slurm.expect(any_modify=True), code=1).stdout)
     assert fixed["left"] == 2
@@ -713,7 +714,7 @@ def test_every_reader_of_associations_runs_the_one_command_line() -> None:
 
     show = ["sacctmgr", "--noheader", "--parsable2", "show", "associations"]
     lab = [*show, "where", "cluster=lab"]
-    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user"]
+    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user,parentname"]
     assert fairshare_sync.show_argv("lab") == [*lab, "format=account,user,partition,fairshare"]
     assert show_assoc_argv("lab") == [*lab, "format=account,user,partition,parentname,grptres"]
     assert show_associations_argv("account", cluster="lab") == [*lab, "format=account"]

@@ -88,6 +88,9 @@ class Account(Base):
     debt_ucredits: Mapped[Ucredits] = mapped_column(default=0)
     entry_count: Mapped[int] = mapped_column(BigInteger, default=0)
     head_hash: Mapped[str] = mapped_column(String(64), default="")
+    # The account's parent in Slurm's tree; NULL: top level (under Slurm's root). Acyclic
+    # (ledger/books/tree.py).
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
 
 
 class Member(Base):
