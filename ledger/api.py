@@ -22,6 +22,7 @@ The parts, and the sub-package each lives in:
 
     accounts (books)       create_account, ensure_account, account_names, add_member,
                            members, member_roles (access), memberships (views)
+    transfers (books)      transfer: available credit from one account to another
     tree (books)           account_parents, set_parent, set_parents, subtree, ancestors,
                            children_of, tree_order, check_tree: Slurm's account tree
     credit (books)         topup, grant, consume, balance, account_summary, credit_use,
@@ -104,6 +105,7 @@ from ledger.books.payments import (
     open_payment,
     set_external_id,
 )
+from ledger.books.transfers import transfer
 from ledger.books.tree import (
     account_parents,
     ancestors,
@@ -320,6 +322,7 @@ __all__ = [
     "subtree",
     "sweep",
     "topup",
+    "transfer",
     "tree_order",
     "usage_report",
     "verify",

@@ -368,6 +368,47 @@ def consume_command(
     emit(result, fmt)
 
 
+@click.command("transfer")
+@click.argument("from_account", metavar="FROM")
+@click.argument("to_account", metavar="TO")
+@click.argument("amount")
+@click.option("--expires", default=None, metavar="TIME", help="Expire the moved credit no later than this.")
+@at_option
+@key_option
+@format_option
+@ledger_command
+def transfer_command(
+    from_account: str,
+    to_account: str,
+    amount: str,
+    expires: str | None,
+    at: str | None,
+    idempotency_key: str | None,
+    fmt: str,
+) -> None:
+    """Move AMOUNT of FROM's available credit (its burn order) to TO, keeping the earliest
+    expiry of what it takes; all of it or nothing."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.transfer(
+            s,
+            from_account,
+            to_account,
+            amount,
+            expires_at=parse_time_option(expires, "expires"),
+            at=parse_time_option(at, "at"),
+            idempotency_key=idempotency_key,
+        )
+    if fmt == "json":
+        emit(result, fmt)
+        return
+    if fmt == "table":
+        expiry = f", expiring {result['expires_at']}" if result["expires_at"] else ""
+        click.echo(f"transferred {result['amount']} from {from_account} to {to_account}{expiry}; taken:")
+    emit(result["taken"], fmt, ["grant_id", "amount"])
+
+
 @click.command("adjust")
 @click.argument("account")
 @click.argument("amount")
@@ -760,6 +801,7 @@ COMMANDS = [
     topup_command,
     grant_command,
     consume_command,
+    transfer_command,
     adjust_command,
     balance_command,
     quote_command,

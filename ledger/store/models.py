@@ -348,7 +348,13 @@ class IdempotencyKey(Base):
     created_at: Mapped[Timestamp]
 
 
-SYSTEM_ACCOUNTS = ("system:payments", "system:promotions", "system:revenue", "system:expired")
+SYSTEM_ACCOUNTS = (
+    "system:payments",
+    "system:promotions",
+    "system:revenue",
+    "system:expired",
+    "system:transfers",
+)
 APPEND_ONLY_TABLES = ("entries", "postings")
 
 

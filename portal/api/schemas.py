@@ -104,6 +104,24 @@ COMPONENTS: dict[str, Schema] = {
             "grants": {"type": "array", "items": ref("Grant")},
         },
     ),
+    "Transfer": obj(
+        ["from", "to", "amount", "at", "expires_at", "taken", "grant", "debt_paid", "entries"],
+        {
+            "from": {"type": "string"},
+            "to": {"type": "string"},
+            "amount": CREDITS,
+            "at": TIME,
+            "expires_at": nullable(TIME),
+            "taken": {
+                "type": "array",
+                "items": obj(["grant_id", "amount"], {"grant_id": {"type": "integer"}, "amount": CREDITS}),
+                "description": "what each of FROM's grants gave, in its burn order",
+            },
+            "grant": ref("Grant"),
+            "debt_paid": CREDITS,
+            "entries": {"type": "array", "items": {"type": "integer"}, "description": "FROM's and TO's"},
+        },
+    ),
     "GrantCreated": obj(
         ["grant", "entry_id", "debt_paid"],
         {"grant": ref("Grant"), "entry_id": {"type": "integer"}, "debt_paid": CREDITS},
