@@ -658,6 +658,7 @@ def hold_show(hold_id: int, fmt: str) -> None:
 
 @click.command("report")
 @click.option("--account", default=None)
+@click.option("--subtree", is_flag=True, help="With --account: its sub-accounts' usage too (--by account).")
 @click.option("--user", default=None)
 @click.option("--from", "start", default=None, metavar="TIME")
 @click.option("--to", "end", default=None, metavar="TIME")
@@ -676,6 +677,7 @@ def hold_show(hold_id: int, fmt: str) -> None:
 @ledger_command
 def report_command(
     account: str | None,
+    subtree: bool,
     user: str | None,
     start: str | None,
     end: str | None,
@@ -709,6 +711,7 @@ def report_command(
                 start=parse_time_option(start, "from"),
                 end=parse_time_option(end, "to"),
                 by=by,
+                subtree=subtree,
             )
             columns = [by, "charged", "gpu_seconds", "jobs"]
     emit(rows, fmt, columns)
