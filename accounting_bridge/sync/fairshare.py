@@ -136,21 +136,26 @@ def two_figures(numerator: int, denominator: int = 1) -> int:
 def subtree_figures(inputs: Iterable[api.FairnessInputs]) -> dict[str, api.FairnessInputs]:
     """Each account's figures summed over its subtree (itself and every account below),
     by name; members' spend stays the account's own. A parent no input names is taken
-    as the top level."""
+    as the top level. One pass up the tree, whatever its shape."""
     own = {figures.account: figures for figures in inputs}
     parents = {name: (f.parent if f.parent in own else None) for name, f in own.items()}
-    totals = {}
-    for name, figures in own.items():
-        below = [own[account] for account in api.subtree(parents, name)]
-        totals[name] = api.FairnessInputs(
+    sums = {name: [f.funded_ucredits, f.spent_ucredits, f.left_ucredits] for name, f in own.items()}
+    for name, _depth in reversed(api.tree_order(parents)):  # children before their parents
+        parent = parents[name]
+        if parent is not None:
+            for index, value in enumerate(sums[name]):
+                sums[parent][index] += value
+    return {
+        name: api.FairnessInputs(
             account=name,
-            funded_ucredits=sum(f.funded_ucredits for f in below),
-            spent_ucredits=sum(f.spent_ucredits for f in below),
-            left_ucredits=sum(f.left_ucredits for f in below),
+            funded_ucredits=sums[name][0],
+            spent_ucredits=sums[name][1],
+            left_ucredits=sums[name][2],
             member_spent_ucredits=figures.member_spent_ucredits,
             parent=parents[name],
         )
-    return totals
+        for name, figures in own.items()
+    }
 
 
 def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy) -> list[Shares]:
@@ -159,14 +164,18 @@ def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy
     own = {figures.account: figures for figures in inputs}
     totals = subtree_figures(own.values())
     parents = {name: figures.parent for name, figures in totals.items()}
-    children = api.children_of(parents)
+    order = api.tree_order(parents)
+    below = dict.fromkeys(parents, 0)  # how many accounts each has under it
+    for name, _depth in reversed(order):
+        parent = parents[name]
+        if parent is not None:
+            below[parent] += below[name] + 1
     level: dict[str, Shares] = {}
-    for siblings in children.values():
-        below = {name: len(api.subtree(parents, name)) - 1 for name in siblings}
+    for siblings in api.children_of(parents).values():
         for shares in _sibling_shares([totals[name] for name in siblings], below, policy):
             level[shares.account] = shares
     result: list[Shares] = []
-    for name, depth in api.tree_order(parents):
+    for name, depth in order:
         shares = level[name]
         result.append(Shares(name, None, shares.shares, shares.why, parents[name], depth))
         # a user's association sits under its account, one level deeper
