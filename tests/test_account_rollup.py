@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -152,3 +153,35 @@ def test_a_parents_gpu_cap_goes_on_its_own_association_and_its_block_on_its_user
             f"blocked: {broke.message} (on each user: the account has sub-accounts)",
         ),
     }
+
+
+def test_the_dashboard_shows_a_manager_the_accounts_below(db_url: str, tx: Callable[[], Any]) -> None:
+    from portal.auth import hash_password
+    from tests.conftest_portal import PASSWORD, login
+
+    with tx() as s:
+        seed(s)
+        api.create_account(s, "proj", parent="grpa")
+        for user in ("dana", "erin"):
+            api.set_portal_user(s, user, password_hash=hash_password(PASSWORD))
+    app = make_app(db_url)
+    try:
+        manager = app.test_client()
+        assert login(manager, "dana").status_code == 302
+        page = manager.get("/accounts/dept").get_data(as_text=True)
+        assert 'data-testid="subaccounts"' in page
+        rows = re.findall(
+            r'data-testid="subaccount-(\w+)">\s*<td>((?:&nbsp;)*)\w+</td>\s*<td>(\w+)</td>\s*'
+            r'<td class="num" data-testid="subaccount-available">([0-9.]+)</td>',
+            page,
+        )
+        assert rows == [
+            ("grpa", "", "dept", "96.40"),
+            ("proj", "&nbsp;&nbsp;", "grpa", "0.00"),
+            ("grpb", "", "dept", "16.40"),
+        ]
+        member = app.test_client()
+        assert login(member, "erin").status_code == 302
+        assert 'data-testid="subaccounts"' not in member.get("/accounts/dept").get_data(as_text=True)
+    finally:
+        app.extensions["gpucredit.engine"].dispose()
