@@ -22,6 +22,9 @@ The parts, and the sub-package each lives in:
 
     accounts (books)       create_account, ensure_account, account_names, add_member,
                            members, member_roles (access), memberships (views)
+    transfers (books)      transfer: available credit from one account to another
+    tree (books)           account_parents, set_parent, set_parents, subtree, ancestors,
+                           children_of, tree_order, check_tree: Slurm's account tree
     credit (books)         topup, grant, consume, balance, account_summary, credit_use,
                            parse_share, CreditUse, checkpoint_balances, CHECKPOINT_EVERY
     payments (books)       open_payment, mark_paid, cancel_payment, set_external_id,
@@ -101,6 +104,17 @@ from ledger.books.payments import (
     mark_paid,
     open_payment,
     set_external_id,
+)
+from ledger.books.transfers import transfer
+from ledger.books.tree import (
+    account_parents,
+    ancestors,
+    check_tree,
+    children_of,
+    set_parent,
+    set_parents,
+    subtree,
+    tree_order,
 )
 from ledger.holds import keyed
 from ledger.holds.accrual import ACCRUES_NOW, Accrual, accruals, cost_so_far, seconds_run, set_accrual
@@ -208,6 +222,7 @@ __all__ = [
     "UnreservedRun",
     "UsageDelta",
     "account_names",
+    "account_parents",
     "account_summary",
     "account_totals",
     "accruals",
@@ -218,6 +233,7 @@ __all__ = [
     "adjust_hold",
     "adjust_holds",
     "adjust_holds_many",
+    "ancestors",
     "apply_holds_and_settles",
     "authenticate_token",
     "balance",
@@ -226,7 +242,9 @@ __all__ = [
     "capped_accounts",
     "charge_entries",
     "charge_for",
+    "check_tree",
     "checkpoint_balances",
+    "children_of",
     "consume",
     "cost_so_far",
     "create_account",
@@ -294,13 +312,18 @@ __all__ = [
     "set_accrual",
     "set_external_id",
     "set_limits",
+    "set_parent",
+    "set_parents",
     "set_portal_user",
     "set_price",
     "settle_hold",
     "settle_holds",
     "show_limits",
+    "subtree",
     "sweep",
     "topup",
+    "transfer",
+    "tree_order",
     "usage_report",
     "verify",
 ]

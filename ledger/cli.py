@@ -77,15 +77,63 @@ def account_group() -> None:
 
 @account_group.command("create")
 @click.argument("name")
+@click.option("--parent", default=None, help="The parent account in Slurm's tree (default: top level).")
 @at_option
 @key_option
 @ledger_command
-def account_create(name: str, at: str | None, idempotency_key: str | None) -> None:
+def account_create(name: str, parent: str | None, at: str | None, idempotency_key: str | None) -> None:
     from ledger import api
 
     with transaction() as s:
-        api.create_account(s, name, at=parse_time_option(at, "at"), idempotency_key=idempotency_key)
-    click.echo(f"account {name} created")
+        api.create_account(
+            s, name, parent=parent, at=parse_time_option(at, "at"), idempotency_key=idempotency_key
+        )
+    click.echo(f"account {name} created" + (f" under {parent}" if parent else ""))
+
+
+@account_group.command("set-parent")
+@click.argument("name")
+@click.argument("parent", required=False)
+@key_option
+@ledger_command
+def account_set_parent(name: str, parent: str | None, idempotency_key: str | None) -> None:
+    """Move NAME (with its subtree) under PARENT; without PARENT, to the top level."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.set_parent(s, name, parent, idempotency_key=idempotency_key)
+    where = f"under {parent}" if parent else "at the top level"
+    click.echo(f"account {name} {'now' if result['changed'] else 'already'} {where}")
+
+
+@account_group.command("tree")
+@click.argument("name", required=False)
+@format_option
+@ledger_command
+def account_tree(name: str | None, fmt: str) -> None:
+    """The account tree (or NAME's subtree) with each account's own credit."""
+    from ledger import api
+    from ledger.errors import NotFound
+
+    with transaction() as s:
+        parents = api.account_parents(s)
+        if name is not None and name not in parents:
+            raise NotFound(f"account {name!r} does not exist", details={"account": name})
+        wanted = None if name is None else set(api.subtree(parents, name))
+        rows = []
+        for account, depth in api.tree_order(parents):
+            if wanted is not None and account not in wanted:
+                continue
+            b = api.balance(s, account)
+            rows.append(
+                {
+                    "account": "  " * depth + account if fmt == "table" else account,
+                    "parent": parents[account],
+                    "available": b["available"],
+                    "held": b["held"],
+                }
+            )
+    emit(rows, fmt, ["account", "parent", "available", "held"])
 
 
 @account_group.command("list")
@@ -318,6 +366,47 @@ def consume_command(
             s, account, amount, at=parse_time_option(at, "at"), user=user, idempotency_key=idempotency_key
         )
     emit(result, fmt)
+
+
+@click.command("transfer")
+@click.argument("from_account", metavar="FROM")
+@click.argument("to_account", metavar="TO")
+@click.argument("amount")
+@click.option("--expires", default=None, metavar="TIME", help="Expire the moved credit no later than this.")
+@at_option
+@key_option
+@format_option
+@ledger_command
+def transfer_command(
+    from_account: str,
+    to_account: str,
+    amount: str,
+    expires: str | None,
+    at: str | None,
+    idempotency_key: str | None,
+    fmt: str,
+) -> None:
+    """Move AMOUNT of FROM's available credit (its burn order) to TO, keeping the earliest
+    expiry of what it takes; all of it or nothing."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.transfer(
+            s,
+            from_account,
+            to_account,
+            amount,
+            expires_at=parse_time_option(expires, "expires"),
+            at=parse_time_option(at, "at"),
+            idempotency_key=idempotency_key,
+        )
+    if fmt == "json":
+        emit(result, fmt)
+        return
+    if fmt == "table":
+        expiry = f", expiring {result['expires_at']}" if result["expires_at"] else ""
+        click.echo(f"transferred {result['amount']} from {from_account} to {to_account}{expiry}; taken:")
+    emit(result["taken"], fmt, ["grant_id", "amount"])
 
 
 @click.command("adjust")
@@ -569,6 +658,7 @@ def hold_show(hold_id: int, fmt: str) -> None:
 
 @click.command("report")
 @click.option("--account", default=None)
+@click.option("--subtree", is_flag=True, help="With --account: its sub-accounts' usage too (--by account).")
 @click.option("--user", default=None)
 @click.option("--from", "start", default=None, metavar="TIME")
 @click.option("--to", "end", default=None, metavar="TIME")
@@ -587,6 +677,7 @@ def hold_show(hold_id: int, fmt: str) -> None:
 @ledger_command
 def report_command(
     account: str | None,
+    subtree: bool,
     user: str | None,
     start: str | None,
     end: str | None,
@@ -620,6 +711,7 @@ def report_command(
                 start=parse_time_option(start, "from"),
                 end=parse_time_option(end, "to"),
                 by=by,
+                subtree=subtree,
             )
             columns = [by, "charged", "gpu_seconds", "jobs"]
     emit(rows, fmt, columns)
@@ -712,6 +804,7 @@ COMMANDS = [
     topup_command,
     grant_command,
     consume_command,
+    transfer_command,
     adjust_command,
     balance_command,
     quote_command,

@@ -2,7 +2,8 @@
 
     LedgerError                      code, message, details, http_status
     ├── InvalidInput         422     invalid_amount, invalid_time, invalid_duration,
-    │                                invalid_gpus, unknown_gres, invalid_limit, ...
+    │                                invalid_gpus, unknown_gres, invalid_limit,
+    │                                unknown_parent, parent_cycle, parent_other_cluster, ...
     ├── NotFound             404     not_found
     ├── Conflict             409     already_exists, hold_resolved
     │   └── IdempotencyConflict      idempotency_conflict

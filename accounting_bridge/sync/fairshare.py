@@ -43,18 +43,32 @@ Among siblings Slurm normalises these: physics gets 350/505 = 69% of their share
 chemistry 20%, biology 10%, geology 1%, history none. Inside physics, alice (75.00 of
 its 100.00 spend), bob (25.00) and carol (nothing) get 100 - 50% x 75% = 62.5 -> 63,
 88 and 100.
+
+Through the tree (ledger/books/tree.py). Fair Tree ranks siblings level by level, so
+each account's figures are its subtree's: funded, spent and left summed over the
+account and every account below it, and the formula (floor included) runs once per set
+of siblings, the children of one parent, which are the only ones Slurm compares. A
+department that holds no credit itself gets the shares its groups' credit earns, not 0;
+a flat ledger (every account top level) is one set of siblings, as before. Worked tree
+(docs/fairshare.md; tests/test_fairshare_tree.py)::
+
+    level  account  own credit  subtree left  shares  normalised among its siblings
+    1      dept          0.00        110.00     110   110/160 = 69%
+    2        grpa      100.00        100.00     100   100/110 = 91% of dept's
+    2        grpb       10.00         10.00      10    10/110 =  9% of dept's
+    1      ext          50.00         50.00      50    50/160 = 31%
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ledger import api
 from ledger.money import format_credits
 
-__all__ = ["MAX_SHARES", "FairsharePolicy", "Shares", "account_shares", "two_figures"]
+__all__ = ["MAX_SHARES", "FairsharePolicy", "Shares", "account_shares", "subtree_figures", "two_figures"]
 
 UCREDITS_PER_CREDIT = 1_000_000
 # Slurm keeps RawShares in 32 bits and reads 0x7fffffff as "parent": stay well below.
@@ -99,6 +113,8 @@ class Shares:
     user: str | None  # None: the account's own association
     shares: int
     why: str
+    parent: str | None = None  # the association's parent: an account's parent (None: top level),
+    depth: int = 0  # a user's account; 0: top level (a child of Slurm's root)
 
 
 def _half_up(numerator: int, denominator: int) -> int:
@@ -117,12 +133,64 @@ def two_figures(numerator: int, denominator: int = 1) -> int:
     return _half_up(numerator, denominator * unit) * unit
 
 
+def subtree_figures(inputs: Iterable[api.FairnessInputs]) -> dict[str, api.FairnessInputs]:
+    """Each account's figures summed over its subtree (itself and every account below),
+    by name; members' spend stays the account's own. A parent no input names is taken
+    as the top level. One pass up the tree, whatever its shape."""
+    own = {figures.account: figures for figures in inputs}
+    parents = {name: (f.parent if f.parent in own else None) for name, f in own.items()}
+    sums = {name: [f.funded_ucredits, f.spent_ucredits, f.left_ucredits] for name, f in own.items()}
+    for name, _depth in reversed(api.tree_order(parents)):  # children before their parents
+        parent = parents[name]
+        if parent is not None:
+            for index, value in enumerate(sums[name]):
+                sums[parent][index] += value
+    return {
+        name: api.FairnessInputs(
+            account=name,
+            funded_ucredits=sums[name][0],
+            spent_ucredits=sums[name][1],
+            left_ucredits=sums[name][2],
+            member_spent_ucredits=figures.member_spent_ucredits,
+            parent=parents[name],
+        )
+        for name, figures in own.items()
+    }
+
+
 def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy) -> list[Shares]:
-    """Every account's shares, each followed by its members' (by name)."""
-    accounts = sorted(inputs, key=lambda figures: figures.account)
+    """Every account's shares, from its subtree's figures, each followed by its members'
+    (by name); accounts depth first through the tree, siblings by name."""
+    own = {figures.account: figures for figures in inputs}
+    totals = subtree_figures(own.values())
+    parents = {name: figures.parent for name, figures in totals.items()}
+    order = api.tree_order(parents)
+    below = dict.fromkeys(parents, 0)  # how many accounts each has under it
+    for name, _depth in reversed(order):
+        parent = parents[name]
+        if parent is not None:
+            below[parent] += below[name] + 1
+    level: dict[str, Shares] = {}
+    for siblings in api.children_of(parents).values():
+        for shares in _sibling_shares([totals[name] for name in siblings], below, policy):
+            level[shares.account] = shares
+    result: list[Shares] = []
+    for name, depth in order:
+        shares = level[name]
+        result.append(Shares(name, None, shares.shares, shares.why, parents[name], depth))
+        # a user's association sits under its account, one level deeper
+        result.extend(replace(m, parent=name, depth=depth + 1) for m in _member_shares(own[name], policy))
+    return result
+
+
+def _sibling_shares(
+    siblings: list[api.FairnessInputs], below: dict[str, int], policy: FairsharePolicy
+) -> list[Shares]:
+    """The formula for one set of siblings (figures of their subtrees; `below`: how many
+    accounts each has under it)."""
     damping = policy.damping_percent
     claims: dict[str, tuple[int, str]] = {}
-    for figures in accounts:
+    for figures in siblings:
         if figures.left_ucredits <= 0:
             continue
         base = max(figures.funded_ucredits, figures.left_ucredits)
@@ -133,27 +201,34 @@ def account_shares(inputs: Iterable[api.FairnessInputs], policy: FairsharePolicy
         if base > figures.funded_ucredits:
             funded = f"{format_credits(base)} left (more than {funded})"
         why = f"{funded} - {damping}% of {format_credits(damped)} spent in {policy.spent_days} d"
-        claims[figures.account] = (shares, why)
+        claims[figures.account] = (shares, _subtree_note(below[figures.account]) + why)
     ordered = sorted(shares for shares, _why in claims.values())
     median = ordered[(len(ordered) - 1) // 2] if ordered else 0
     floor = max(1, two_figures(median * policy.floor_percent, 100))
     result: list[Shares] = []
-    for figures in accounts:
+    for figures in siblings:
         if figures.account not in claims:
             left = format_credits(figures.left_ucredits)
-            result.append(Shares(figures.account, None, 0, f"no credit left ({left})"))
-        else:
-            shares, why = claims[figures.account]
-            if shares < floor:
-                shares, why = (
-                    floor,
-                    f"floor: {policy.floor_percent}% of the median account's {median} (own claim {shares})",
-                )
-            if shares > MAX_SHARES:
-                shares, why = MAX_SHARES, f"at most {MAX_SHARES} ({why})"
-            result.append(Shares(figures.account, None, shares, why))
-        result.extend(_member_shares(figures, policy))
+            note = _subtree_note(below[figures.account])
+            result.append(Shares(figures.account, None, 0, f"{note}no credit left ({left})"))
+            continue
+        shares, why = claims[figures.account]
+        if shares < floor:
+            sibling = "account's" if figures.parent is None else "sibling's"
+            shares, why = (
+                floor,
+                f"floor: {policy.floor_percent}% of the median {sibling} {median} (own claim {shares})",
+            )
+        if shares > MAX_SHARES:
+            shares, why = MAX_SHARES, f"at most {MAX_SHARES} ({why})"
+        result.append(Shares(figures.account, None, shares, why))
     return result
+
+
+def _subtree_note(accounts_below: int) -> str:
+    if not accounts_below:
+        return ""
+    return f"subtree of {accounts_below + 1} accounts: "
 
 
 def _member_shares(figures: api.FairnessInputs, policy: FairsharePolicy) -> list[Shares]:

@@ -17,7 +17,7 @@ import click
 
 from accounting_bridge.cli_support import clock, fail, slurm_runner
 from accounting_bridge.slurm.slurmcmd import SlurmCommandError
-from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares
+from accounting_bridge.sync.fairshare import FairsharePolicy, Shares, account_shares, subtree_figures
 from accounting_bridge.sync.fairshare_sync import (
     SSHARE_ARGV,
     apply_plan,
@@ -114,26 +114,32 @@ def sync_command(ctx: click.Context, dry_run: bool, fmt: str) -> None:
 @ledger_command
 def show_command(ctx: click.Context, fmt: str) -> None:
     """Each account's (and member's) shares from credit beside Slurm's: RawShares,
-    NormShares, EffectvUsage and, for users, the fairshare factor (sshare)."""
+    NormShares, EffectvUsage and, for users, the fairshare factor (sshare). Accounts go
+    through the tree depth first (indented in the table); an account's funded, spent and
+    left are its subtree's, the figures its shares come from."""
     config = load_config()
     inputs, targets = _targets(ctx, config)
     try:
         slurm = read_sshare(slurm_runner(ctx, config)(list(SSHARE_ARGV)))
     except SlurmCommandError as error:
         fail(error)
-    figures = {item.account: item for item in inputs}
+    own_figures = {item.account: item for item in inputs}
+    figures = subtree_figures(inputs)  # what each account's shares were computed from
     rows = []
     for target in targets:
         seen = slurm.get((target.account, target.user or ""), {})
         account = figures[target.account]
         own = target.user is None
+        indent = "  " * target.depth if fmt == "table" else ""
         rows.append(
             {
-                "account": target.account,
+                "account": indent + target.account,
                 "user": target.user,
                 "funded": format_credits(account.funded_ucredits) if own else None,
                 "spent": format_credits(
-                    account.spent_ucredits if own else account.member_spent_ucredits[target.user or ""]
+                    account.spent_ucredits
+                    if own
+                    else own_figures[target.account].member_spent_ucredits[target.user or ""]
                 ),
                 "left": format_credits(account.left_ucredits) if own else None,
                 "shares": target.shares,
@@ -141,6 +147,8 @@ def show_command(ctx: click.Context, fmt: str) -> None:
                 "norm_shares": seen.get("norm_shares"),
                 "effective_usage": seen.get("effective_usage"),
                 "fairshare": seen.get("fairshare") or None,
+                "parent": target.parent,
+                "depth": target.depth,
             }
         )
-    emit(rows, fmt, SHOW_COLUMNS)
+    emit(rows, fmt, SHOW_COLUMNS + (["parent", "depth"] if fmt == "csv" else []))

@@ -21,9 +21,10 @@ left alone; gpucredit owns the GPU TRES of the associations of accounts the ledg
 knows, and the GPU limits of the QOS of the partitions in `scarcity.partitions`.
 
 An account with sub-accounts is a special case: a GrpTRES on it binds its whole
-subtree, while the ledger's account cap and block concern the jobs it pays for itself.
-So its block goes onto its own users' associations, and its cap is left to the ledger
-(a note says so).
+subtree. Its cap is meant so (`limits set dept --max-gpus 8` caps the department,
+groups included: the GrpTRES goes on its association), but its block concerns the jobs
+it pays for itself (a department without credit of its own must not stop groups that
+have theirs), so the block goes onto its own users' associations.
 
 Reading Slurm (`read_slurm`, five commands), planning (`plan_limits`, pure) and
 applying (`apply_plan`) are separate, so `--dry-run`, `limits show --slurm` and
@@ -232,6 +233,16 @@ def _account_target(account: api.AccountEnforcement) -> Target:
     return Target(account.account, None, None, "no account cap")
 
 
+def _parent_target(account: api.AccountEnforcement) -> Target:
+    """A parent's cap binds its subtree, as Slurm's GrpTRES on it does (the tree is the
+    department's); its block stays on its own users (`_user_target`): a department
+    without credit of its own does not stop groups that have theirs."""
+    if account.max_gpus is not None:
+        cap = account.max_gpus
+        return Target(account.account, None, cap, f"subtree cap of {cap} GPUs (with its sub-accounts)")
+    return Target(account.account, None, None, "no account cap")
+
+
 def _user_target(account: api.AccountEnforcement, user: str, parent: bool) -> Target:
     member = account.member(user)
     if member is not None and member.blocks:
@@ -265,13 +276,7 @@ def _targets(
             missing.append(account.account)
             continue
         parent = view.has_subaccounts(account.account)
-        if not parent:
-            targets.append(_account_target(account))
-        elif account.max_gpus is not None:
-            notes.append(
-                f"account {account.account}: its cap of {account.max_gpus} GPUs is left to the ledger (a "
-                "GrpTRES on an account with sub-accounts would bind their jobs too)"
-            )
+        targets.append(_parent_target(account) if parent else _account_target(account))
         targets += [_user_target(account, user, parent) for user in users_of.get(account.account, [])]
         missing += [
             f"{m.user}@{account.account}"

@@ -5,6 +5,7 @@ row; `--sync` fixes what gpucredit may fix::
 
     what                in Slurm                          from the ledger             --sync
     account, member     an association                    a customer account, member  imports Slurm's
+    parent              the account's parentname          the account's parent        imports Slurm's
     shares              Fairshare                         the fairshare formula       fairshare sync
     GPU limits, blocks  GrpTRES gres/gpu, gres/gpu:TYPE   caps, blocks                limits sync
     scarcity caps       partition QOS MaxTRESPerUser,     allocation, hysteresis      limits sync
@@ -46,7 +47,7 @@ from ledger.config import load_config
 from slurmtext import SlurmTextError
 from slurmtext.show_config import billing_notes, parse_show_config
 
-__all__ = ["membership_rows", "slurm_check_command"]
+__all__ = ["membership_rows", "parent_rows", "slurm_check_command"]
 
 COLUMNS = ["kind", "name", "slurm", "ledger", "fix", "reason"]
 IMPORT_FIX = "account import-slurm"
@@ -89,6 +90,32 @@ def membership_rows(view: SlurmView, s: Session) -> tuple[list[dict[str, Any]], 
                 _row("member", f"{user}@{account}", False, LEDGER_ONLY_FIX, "Slurm refuses their jobs")
             )
     return rows, to_import
+
+
+def parent_rows(view: SlurmView, s: Session) -> tuple[list[dict[str, Any]], dict[str, str | None]]:
+    """Accounts both sides have whose parent differs (Slurm's `root` is the ledger's top
+    level, "-"); and Slurm's parents for them, as `api.set_parents` takes them."""
+    ledger = api.account_parents(s)
+    rows: list[dict[str, Any]] = []
+    fixes: dict[str, str | None] = {}
+    for account, slurm_parent in sorted(view.parents.items()):
+        if account in SKIPPED_ACCOUNTS or account not in ledger:
+            continue
+        wanted = None if slurm_parent in SKIPPED_ACCOUNTS else slurm_parent
+        if ledger[account] == wanted or (wanted is not None and wanted not in ledger):
+            continue  # a parent the ledger lacks is listed as a missing account
+        rows.append(
+            {
+                "kind": "parent",
+                "name": account,
+                "slurm": slurm_parent,
+                "ledger": ledger[account] or "-",
+                "fix": IMPORT_FIX,
+                "reason": "fairshare ranks it among the wrong siblings",
+            }
+        )
+        fixes[account] = wanted
+    return rows, fixes
 
 
 def _plans(
@@ -162,6 +189,10 @@ def slurm_check_command(ctx: click.Context, fix: bool, fmt: str) -> None:
             rows, to_import = membership_rows(view, s)
             if fix and to_import:
                 import_associations(s, to_import)
+            moved, parents = parent_rows(view, s)
+            rows += moved
+            if fix and parents:
+                api.set_parents(s, parents)
         shares, limits = _plans(config, now, view, shares_text)
         if fix:
             fairshare_sync.apply_plan(run, shares)

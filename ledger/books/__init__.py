@@ -6,6 +6,9 @@ to. On top of the store only.
                  Leg, EntryDraft, the system accounts)
     accounts     customer accounts and their members (create_account, add_member, members,
                  lock_account, lock_accounts, read_account, check_name)
+    tree         the account tree, as Slurm's (account_parents, set_parent, set_parents,
+                 subtree, ancestors, tree_order)
+    transfers    credit from one account to another, burn order kept (transfer)
     grants       credit: top-ups, grants and refunds, the burn order (topup, grant, consume,
                  create_grant, take_free, available_now, expire_grants, pay_debt, GrantState)
     balance      what is spendable and held, now or at any time (balance, account_summary,

@@ -30,25 +30,47 @@ def check_name(name: str, what: str = "account") -> str:
 
 
 def create_account(
-    s: Session, name: str, *, at: datetime | None = None, idempotency_key: str | None = None
+    s: Session,
+    name: str,
+    *,
+    parent: str | None = None,
+    at: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """A customer account. It locks no customer account yet, so its key is global."""
-    request = {"name": name, "at": format_time(at)}
+    """A customer account, under `parent` (None: top level; ledger.books.tree). It locks no
+    customer account yet, so its key is global."""
+    request: dict[str, Any] = {"name": name, "at": format_time(at)}
+    if parent is not None:  # a request without a parent hashes as it did before trees
+        request["parent"] = parent
     return idempotency.once(
         s,
         idempotency.GLOBAL_SCOPE,
         idempotency_key,
         "account_create",
         request,
-        lambda: _create_account(s, name, at=at),
+        lambda: _create_account(s, name, parent=parent, at=at),
     )
 
 
-def _create_account(s: Session, name: str, *, at: datetime | None = None) -> dict[str, Any]:
+def _create_account(
+    s: Session, name: str, *, parent: str | None = None, at: datetime | None = None
+) -> dict[str, Any]:
     check_name(name)
     existing = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).first()
     if existing:
         raise Conflict(f"account {name} already exists", code="already_exists", details={"account": name})
+    parent_id = None
+    if parent is not None:
+        found = s.execute(
+            select(accounts_t.c.id).where(accounts_t.c.name == parent, accounts_t.c.kind == "customer")
+        ).first()
+        if found is None:
+            raise InvalidInput(
+                f"parent account {parent!r} of {name} does not exist",
+                code="unknown_parent",
+                details={"account": name, "parent": parent},
+            )
+        parent_id = found.id
     s.execute(
         insert(accounts_t).values(
             name=name,
@@ -57,9 +79,10 @@ def _create_account(s: Session, name: str, *, at: datetime | None = None) -> dic
             debt_ucredits=0,
             entry_count=0,
             head_hash="",
+            parent_id=parent_id,
         )
     )
-    return {"account": name, "created": True}
+    return {"account": name, "created": True, "parent": parent}
 
 
 def ensure_account(s: Session, name: str) -> bool:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ledger.books import idempotency
 from ledger.books.accounts import lock_account
-from ledger.books.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, Leg, LockedAccount, post
+from ledger.books.journal import EXPIRED, PAYMENTS, PROMOTIONS, REVENUE, TRANSFERS, Leg, LockedAccount, post
 from ledger.errors import InsufficientCredits, InvalidInput
 from ledger.money import MAX_ACCOUNT_UCREDITS, MAX_UCREDITS, format_credits, parse_credits
 from ledger.store.sums import joined, split_sum
@@ -25,7 +25,7 @@ from ledger.store.tables import grants_t
 from ledger.timeutil import format_time, utcnow
 
 DEFAULT_PRIORITY = 10
-SOURCES = {"topup": PAYMENTS, "grant": PROMOTIONS, "refund": REVENUE}
+SOURCES = {"topup": PAYMENTS, "grant": PROMOTIONS, "refund": REVENUE, "transfer": TRANSFERS}
 
 
 @dataclass

@@ -23,8 +23,14 @@ from ledger.store.tables import accounts_t, entries_t, postings_t
 from ledger.timeutil import format_time, utcnow
 
 # System accounts have fixed negative ids so customer ids from the sequence never clash.
-SYSTEM_IDS = {"system:payments": -1, "system:promotions": -2, "system:revenue": -3, "system:expired": -4}
-PAYMENTS, PROMOTIONS, REVENUE, EXPIRED = (SYSTEM_IDS[n] for n in SYSTEM_IDS)
+SYSTEM_IDS = {
+    "system:payments": -1,
+    "system:promotions": -2,
+    "system:revenue": -3,
+    "system:expired": -4,
+    "system:transfers": -5,  # migration 0010: the clearing account of transfers (zero after each)
+}
+PAYMENTS, PROMOTIONS, REVENUE, EXPIRED, TRANSFERS = (SYSTEM_IDS[n] for n in SYSTEM_IDS)
 
 
 @dataclass

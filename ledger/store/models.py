@@ -88,6 +88,9 @@ class Account(Base):
     debt_ucredits: Mapped[Ucredits] = mapped_column(default=0)
     entry_count: Mapped[int] = mapped_column(BigInteger, default=0)
     head_hash: Mapped[str] = mapped_column(String(64), default="")
+    # The account's parent in Slurm's tree; NULL: top level (under Slurm's root). Acyclic
+    # (ledger/books/tree.py).
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
 
 
 class Member(Base):
@@ -345,7 +348,13 @@ class IdempotencyKey(Base):
     created_at: Mapped[Timestamp]
 
 
-SYSTEM_ACCOUNTS = ("system:payments", "system:promotions", "system:revenue", "system:expired")
+SYSTEM_ACCOUNTS = (
+    "system:payments",
+    "system:promotions",
+    "system:revenue",
+    "system:expired",
+    "system:transfers",
+)
 APPEND_ONLY_TABLES = ("entries", "postings")
 
 

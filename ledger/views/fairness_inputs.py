@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.books.journal import REVENUE
+from ledger.books.tree import account_parents
 from ledger.store.sums import joined, split_sum
 from ledger.store.tables import accounts_t, entries_t, grants_t, postings_t
 from ledger.views.totals import account_totals, memberships
@@ -35,6 +36,7 @@ class FairnessInputs:
     spent_ucredits: int  # net charges effective in [spent_since, at] (refunds subtract)
     left_ucredits: int  # available plus held at `at`; <= 0: nothing left to run on
     member_spent_ucredits: dict[str, int]  # every member, by user; 0 when they spent nothing
+    parent: str | None = None  # the account's parent in the tree (ledger.books.tree); None: top
 
 
 def fairness_inputs(
@@ -74,6 +76,7 @@ def fairness_inputs(
             select(accounts_t.c.name, accounts_t.c.id).where(accounts_t.c.kind == "customer")
         )
     }
+    parents = account_parents(s)
     members: dict[str, list[str]] = {}
     for user, account in memberships(s):
         members.setdefault(account, []).append(user)
@@ -90,6 +93,7 @@ def fairness_inputs(
                 member_spent_ucredits={
                     user: by_user.get(user, 0) for user in sorted(members.get(totals.account, []))
                 },
+                parent=parents.get(totals.account),
             )
         )
     return inputs

@@ -16,7 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.books.journal import REVENUE
-from ledger.errors import InvalidInput
+from ledger.books.tree import account_parents
+from ledger.books.tree import subtree as subtree_of
+from ledger.errors import InvalidInput, NotFound
 from ledger.holds.accrual import accruals
 from ledger.money import format_credits
 from ledger.pricing.prices import parse_pairs
@@ -49,10 +51,21 @@ def usage_report(
     end: datetime | None = None,
     by: str = "day",
     at: datetime | None = None,
+    subtree: bool = False,
 ) -> list[dict[str, Any]]:
-    """Charges effective in [start, end), grouped; running jobs count up to `at` (now)."""
+    """Charges effective in [start, end), grouped; running jobs count up to `at` (now).
+    With `subtree`, `account`'s and every account's below it (ledger.books.tree): a
+    department's usage, by child account with `by="account"`."""
     if by not in GROUPS:
         raise InvalidInput(f"cannot group by {by!r}; choose one of {', '.join(GROUPS)}", code="invalid_group")
+    accounts: set[str] | None = None
+    if account is not None:
+        accounts = {account}
+        if subtree:
+            parents = account_parents(s)
+            if account not in parents:
+                raise NotFound(f"account {account!r} does not exist", details={"account": account})
+            accounts = set(subtree_of(parents, account))
     query = (
         select(
             entries_t.c.effective_at,
@@ -71,8 +84,8 @@ def usage_report(
         .outerjoin(holds_t, holds_t.c.id == entries_t.c.hold_id)
         .where(postings_t.c.account_id == REVENUE)
     )
-    if account is not None:
-        query = query.where(accounts_t.c.name == account)
+    if accounts is not None:
+        query = query.where(accounts_t.c.name.in_(sorted(accounts)))
     if user is not None:
         query = query.where(entries_t.c.user == user)
     if start is not None:
@@ -93,7 +106,7 @@ def usage_report(
             continue
         key = _group_key(row, by)
         _add(groups, key, row.amount_ucredits, sum(gpus.values()) * delta_seconds, row.hold_id)
-    _add_running(s, groups, by, account=account, user=user, start=start, end=end, at=at or utcnow())
+    _add_running(s, groups, by, accounts=accounts, user=user, start=start, end=end, at=at or utcnow())
     return [
         {
             by: key,
@@ -110,7 +123,7 @@ def _add_running(
     groups: dict[str, dict[str, Any]],
     by: str,
     *,
-    account: str | None,
+    accounts: set[str] | None,
     user: str | None,
     start: datetime | None,
     end: datetime | None,
@@ -119,7 +132,7 @@ def _add_running(
     """Add running jobs' unposted cost, piece by piece, as posted charges are added."""
     cuts = [t for t in (start, end) if t is not None]
     for accrual in accruals(s, at, user=user):
-        if account is not None and accrual.account != account:
+        if accounts is not None and accrual.account not in accounts:
             continue
         gpus = parse_pairs(accrual.gpus) if accrual.gpus else {}
         for piece in accrual.pieces(cuts):

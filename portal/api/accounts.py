@@ -48,7 +48,7 @@ GRANT = body_schema(
     },
 )
 CONSUME = body_schema(["amount"], {"amount": CREDITS_IN, "at": TIME, "user": NAME})
-GROUPS = ["day", "gres", "user", "partition"]
+GROUPS = ["day", "gres", "user", "partition", "account"]
 
 
 @endpoint(
@@ -194,6 +194,7 @@ def consume(call: Call, account: str) -> Any:
         "from": TIME,
         "to": TIME,
         "group_by": {"type": "string", "enum": GROUPS},
+        "subtree": {"type": "string", "enum": ["true", "false"], "description": "the sub-accounts' too"},
         "format": {"type": "string", "enum": ["json", "csv"]},
     },
     paginated=True,
@@ -202,8 +203,9 @@ def consume(call: Call, account: str) -> Any:
 )
 def usage_report(call: Call, account: str) -> Any:
     """Credits charged, GPU-seconds and jobs in [from, to), grouped by day (default), GPU
-    type, user or partition: the account's for its managers, a member's own for a member.
-    `?format=csv` or `Accept: text/csv` returns every row as CSV."""
+    type, user, partition or account: the account's for its managers, a member's own for a
+    member. `?subtree=true` adds every account below it (a department's usage; by child
+    with `group_by=account`). `?format=csv` or `Accept: text/csv` returns every row as CSV."""
     start, end = time_of(call.query, "from"), time_of(call.query, "to")
     if start is not None and end is not None and end < start:
         raise InvalidInput("to is before from", code="invalid_time", details={"field": "to"})
@@ -211,7 +213,13 @@ def usage_report(call: Call, account: str) -> Any:
     with transaction() as s:
         role = visible(s, call.principal, account)
         rows = api.usage_report(
-            s, account=account, user=own_user(role, call.principal), start=start, end=end, by=group_by
+            s,
+            account=account,
+            user=own_user(role, call.principal),
+            start=start,
+            end=end,
+            by=group_by,
+            subtree=call.query.get("subtree") == "true",
         )
     if _wants_csv(call):
         columns = [group_by, "charged", "gpu_seconds", "jobs"]
@@ -219,6 +227,36 @@ def usage_report(call: Call, account: str) -> Any:
             columns, ([row[c] for c in columns] for row in rows), f"{account}-usage-by-{group_by}.csv"
         )
     return by_position(rows, call.page)
+
+
+@endpoint(
+    "GET",
+    "/accounts/{account}/tree",
+    tag="accounts",
+    summary="Read an account's subtree with each account's balance",
+    roles=USERS,
+    responses={200: ref("Tree")},
+)
+def tree(call: Call, account: str) -> Any:
+    """The account and every account below it (Slurm's tree), depth first, each with its
+    own credit now: what a department manager watches. Managers and admins only."""
+    with transaction() as s:
+        visible(s, call.principal, account, manage=True)
+        parents = api.account_parents(s)
+        depth_of = dict(api.tree_order(parents))
+        items = []
+        for name in api.subtree(parents, account):
+            figures = api.balance(s, name)
+            items.append(
+                {
+                    "account": name,
+                    "parent": parents[name],
+                    "depth": depth_of[name] - depth_of[account],
+                    "available": figures["available"],
+                    "held": figures["held"],
+                }
+            )
+    return {"items": items}
 
 
 @endpoint(

@@ -50,6 +50,7 @@ def dashboard(account: str) -> Any:
         balance = api.balance(s, account)
         running = api.running_totals(s, account)
         balance_then = api.balance(s, account, at) if at is not None else None
+        below = _subtree_rows(s, account) if role in ("manager", "admin") else []
     available = ucredits(balance["available"])
     run_out = run_out_at(available, running.rate_ucredits_per_hour, now)
     threshold = low_balance_ucredits()
@@ -66,7 +67,28 @@ def dashboard(account: str) -> Any:
         low_balance_threshold=format_credits(threshold),
         at_text=at_text,
         balance_then=balance_then,
+        below=below,
     )
+
+
+def _subtree_rows(s: Any, account: str) -> list[dict[str, Any]]:
+    """The accounts below `account` in the tree, depth first, each with its own credit
+    now: what a department's manager watches (they need not be a member of each)."""
+    parents = api.account_parents(s)
+    depth = dict(api.tree_order(parents))
+    rows = []
+    for name in api.subtree(parents, account)[1:]:
+        figures = api.balance(s, name)
+        rows.append(
+            {
+                "name": name,
+                "parent": parents[name],
+                "depth": depth[name] - depth[account],
+                "available": figures["available"],
+                "held": figures["held"],
+            }
+        )
+    return rows
 
 
 @bp.route("/jobs")

@@ -493,6 +493,8 @@ def test_show_puts_the_shares_beside_sshare(cli) -> None:  # type: ignore[no-unt
         "norm_shares": "0.006494",
         "effective_usage": "0.216507",
         "fairshare": None,
+        "parent": None,
+        "depth": 0,
     }
     assert by_row[("physics", "alice")]["slurm_shares"] == "parent"
     assert by_row[("physics", "alice")]["fairshare"] == "0.001972"

@@ -244,6 +244,8 @@ def test_plan_maps_caps_blocks_and_scarcity_onto_slurm() -> None:
         ("user", "alice@limleaf", "gres/gpu:a100=1", "gres/gpu=2,gres/gpu:a100=2,gres/gpu:h100=2"),
         ("user", "bob@limleaf", "-", "gres/gpu=0,gres/gpu:a100=0,gres/gpu:h100=0"),
         ("user", "carol@limleaf", "- | gres/gpu=2", "-"),  # both partition rows lose it
+        # a parent's cap binds its subtree (issue 30); its block stays on its own users
+        ("account", "limtop", "-", "gres/gpu=3,gres/gpu:a100=3,gres/gpu:h100=3"),
         ("user", "alice@limtop", "-", "gres/gpu=0,gres/gpu:a100=0,gres/gpu:h100=0"),
         ("partition", "onprem", "per user gres/gpu=4, per account gres/gpu=6", "-"),
     ]
@@ -252,12 +254,11 @@ def test_plan_maps_caps_blocks_and_scarcity_onto_slurm() -> None:
     assert reasons["alice@limtop"] == f"blocked: {BROKE.message} (on each user: the account has sub-accounts)"
     assert reasons["onprem"] == "3 of 8 GPUs allocated (37%), below 60%: no caps"
     assert plan.unchanged == 4  # limleaf and limsub accounts, alice@limsub, cloud's QOS
-    assert plan.notes == (
-        "account limtop: its cap of 3 GPUs is left to the ledger (a GrpTRES on an account with "
-        "sub-accounts would bind their jobs too)",
-    )
+    assert reasons["limtop"] == "subtree cap of 3 GPUs (with its sub-accounts)"
+    assert plan.notes == ()
     assert plan.missing == ("dave@limleaf", "ghost")
     assert plan.commands == (
+        (*MODIFY, "account", "where", "name=limtop", "cluster=lab", "set", grp(3)),
         (*MODIFY, "user", "where", "name=carol", "account=limleaf", "cluster=lab", "set", grp(-1)),
         # bob@limleaf and alice@limtop cannot share a call: alice@limleaf gets 2.
         (*MODIFY, "user", "where", "name=bob", "account=limleaf", "cluster=lab", "set", grp(0)),
@@ -274,7 +275,7 @@ def test_plan_maps_caps_blocks_and_scarcity_onto_slurm() -> None:
         ),
     )
     again = plan_limits(LEDGER, apply_to_view(recorded_view(), plan.commands), POLICY, "lab")
-    assert (again.changes, again.commands, again.unchanged) == ((), (), 9)
+    assert (again.changes, again.commands, again.unchanged) == ((), (), 10)
 
 
 def test_a_blocked_leaf_account_gets_zero_on_its_own_association_and_scarcity_engages() -> None:
@@ -530,9 +531,9 @@ def test_sync_applies_its_plan_and_a_second_run_changes_nothing(cli: Callable[..
         "gres/gpu=2,gres/gpu:a100=2,gres/gpu:h100=2",
         "cap of 2 GPUs for alice",
     ]
-    assert table[5:] == [f"changed 4 with {len(dry['commands'])} sacctmgr calls; 5 already right"]
+    assert table[5:] == [f"changed 4 with {len(dry['commands'])} sacctmgr calls; 6 already right"]
     again = cli("limits", "sync", runner=slurm.expect()).stdout.splitlines()
-    assert again == ["no changes; 9 already right"]
+    assert again == ["no changes; 10 already right"]
     assert len(slurm.modified) == len(dry["commands"])  # the second run modified nothing
     assert (
         cli("limits", "sync", "--format", "csv", runner=slurm.expect()).stdout
@@ -638,7 +639,8 @@ def test_slurm_check_lists_every_difference_and_sync_fixes_them(
         "limits sync",
     )
     assert rows[("scarcity", "onprem")] == ("per user gres/gpu=4, per account gres/gpu=6", "-", "limits sync")
-    assert found["left"] == len(found["differences"]) == 23
+    assert rows[("parent", "limsub")] == ("limtop", "-", imported)  # the tree is compared too
+    assert found["left"] == len(found["differences"]) == 24
     assert [note.split(" (")[0] for note in found["notes"]] == ["devices are not constrained"]
     sync = ("slurm", "check", "--sync", "--format", "json")
     fixed = json.loads(cli(*sync, runner=slurm.expect(any_modify=True), code=1).stdout)
@@ -720,7 +722,7 @@ def test_every_reader_of_associations_runs_the_one_command_line() -> None:
 
     show = ["sacctmgr", "--noheader", "--parsable2", "show", "associations"]
     lab = [*show, "where", "cluster=lab"]
-    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user"]
+    assert list(SACCTMGR_ARGV) == [*show, "format=cluster,account,user,parentname"]
     assert fairshare_sync.show_argv("lab") == [*lab, "format=account,user,partition,fairshare"]
     assert show_assoc_argv("lab") == [*lab, "format=account,user,partition,parentname,grptres"]
     assert show_associations_argv("account", cluster="lab") == [*lab, "format=account"]

@@ -16,13 +16,14 @@ from gpucredit.cli import EXIT_MISSING_EXTRA, _build
 
 # Every command of `gpucredit`, the public contract the docs and tests/cli/test_cli*.py use.
 COMMAND_TEXT = """
-account account/create account/import-slurm account/list account/show adjust agent
+account account/create account/import-slurm account/list account/set-parent account/show
+account/tree adjust agent
 audit audit/checkpoint audit/verify balance bridge bridge/meter bridge/reconcile bridge/sacct
 consume daemon example export export/ood-balance fairshare fairshare/show fairshare/sync grant
 hold hold/create hold/list hold/release hold/settle hold/show hold/usage init
 limits limits/set limits/show limits/sync passwd policy policy/bound policy/readback
 policy/spool price price/list price/set quote report serve slurm slurm/check
-slurm/config slurm/install sweep token token/create token/list token/revoke topup user user/add
+slurm/config slurm/install sweep token token/create token/list token/revoke topup transfer user user/add
 """
 COMMANDS = COMMAND_TEXT.split()
 

@@ -16,6 +16,11 @@ remainder and earmark, the debt, each hold) and its books (every entry sums to z
 revenue equals the model's charges) must agree with the model; the audit (`verify`)
 runs at the end of every run.
 
+Transfers (ledger/books/transfers.py) go out of the account in its burn order, all or
+nothing, into a sibling (`chemistry`, funded without expiry) whose new grant must carry the
+earliest expiry of what was taken, and come in from it as a grant effective at once that
+pays debt first; they are no revenue, and the clearing account nets to zero.
+
 Run with `--hypothesis-show-statistics` to see how often each path is reached (the
 `event`s); a run starts with jobs running and a third start in debt, so settles,
 releases, expiries and debt are reached often.
@@ -167,6 +172,8 @@ class Model:
         # Every change of a grant's free or earmarked credit and of the debt, by effective time.
         self.history: list[tuple[datetime, int | None, int, int, int]] = []
         self.revenue: list[tuple[datetime, str | None, int]] = []  # (effective, user, amount)
+        # chemistry, the other side of transfers: its grants (a top-up of 1000 to start)
+        self.partner = [MGrant(0, "topup", 1_000_000_000, PRICE_FROM, None, 10, free=1_000_000_000)]
 
     # money movements, each logged at its effective time
     def move(self, at: datetime, g: MGrant, free: int = 0, earmarked: int = 0) -> None:
@@ -290,6 +297,40 @@ class Model:
         self.revenue.append((at, user, amount))
         return None
 
+    def partner_gives(self, amount: int, at: datetime) -> datetime | None:
+        """Chemistry's side of a transfer in: its free credit active at `at` in burn order
+        (it never runs short); the earliest expiry of what it gave."""
+        need = amount
+        expiries: list[datetime] = []
+        for g in sorted(self.partner, key=MGrant.burn_key):
+            if need and g.active(at) and g.free > 0:
+                take = min(need, g.free)
+                g.free -= take
+                need -= take
+                if g.expires_at is not None:
+                    expiries.append(g.expires_at)
+        assert need == 0, "the model's partner ran short"
+        return min(expiries) if expiries else None
+
+    def transfer_out(self, amount: int, at: datetime) -> Refused | datetime | None:
+        """Like a direct charge, but to another account: the free credit of active grants in
+        burn order; returns the earliest expiry of what it took (None: none expires)."""
+        available = self.available(at)
+        if amount > available:
+            return Refused("insufficient_credits", {"needed": amount, "available": available})
+        need = amount
+        expiries: list[datetime] = []
+        for g in self.burn_order():
+            if need and g.active(at) and g.free > 0:
+                take = min(need, g.free)
+                self.move(at, g, free=-take)
+                need -= take
+                if g.expires_at is not None:
+                    expiries.append(g.expires_at)
+        expires = min(expiries) if expiries else None
+        self.partner.append(MGrant(len(self.partner), "transfer", amount, at, expires, 10, free=amount))
+        return expires
+
     def draw(self, hold: MHold, amount: int, at: datetime) -> list[str]:
         """Charge `amount` more: in burn order, the hold's own earmarks (even of a grant that
         has expired since) and the free credit of grants active at `at`; the rest is debt."""
@@ -400,6 +441,12 @@ class Model:
 
 # -- the machine ------------------------------------------------------------------------------
 
+# The modelled account's grants (chemistry, the other side of transfers, has its own).
+PHYSICS_GRANTS = (
+    "SELECT {columns} FROM grants g JOIN accounts a ON a.id = g.account_id "
+    "WHERE a.name = 'physics' ORDER BY g.id"
+)
+
 
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self, database: Callable[[], tuple[str, Callable[[], None]]]) -> None:
@@ -462,7 +509,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def learn_grant_ids(self) -> None:
         """Store ids in creation order (refund grants are created inside a settle)."""
         with self.engine.connect() as c:
-            ids = list(c.execute(text("SELECT id FROM grants ORDER BY id")).scalars())
+            ids = list(c.execute(text(PHYSICS_GRANTS.format(columns="g.id"))).scalars())
         assert len(ids) == len(self.model.grants), "the ledger made a grant the model did not"
         for g, grant_id in zip(self.model.grants, ids, strict=True):
             assert g.id in (None, grant_id)
@@ -518,6 +565,8 @@ class LedgerMachine(RuleBasedStateMachine):
         spendable, so debt and what it blocks are reached often."""
         with self.tx() as s:
             api.create_account(s, "physics")
+            api.create_account(s, "chemistry", parent="physics")  # transfers' other side
+            api.topup(s, "chemistry", "1000", effective_at=PRICE_FROM, at=START)
             for gres, per_hour in (("a100", a100), ("h100", h100)):
                 api.set_price(s, gres, credits(per_hour), effective_at=PRICE_FROM)
                 self.model.prices.append((PRICE_FROM, next(self.price_order), gres, per_hour))
@@ -827,6 +876,67 @@ class LedgerMachine(RuleBasedStateMachine):
             "consume: admitted" + (", all that was available" if self.model.available(at) == 0 else "")
         )
 
+    @rule(
+        amount=st.one_of(
+            st.integers(1, 10_000_000),
+            st.sampled_from(["all available", "one more than available"]),
+        ),
+        wait=st.integers(0, 1800),
+    )
+    def transfer_out(self, amount: int | str, wait: int) -> None:
+        """Credit out to chemistry: refused with the figures when short, else taken in burn
+        order, the earliest expiry of what was taken kept on chemistry's new grant."""
+        at = self.tick(wait)
+        if isinstance(amount, str):
+            amount = self.model.available(at) + (amount != "all available")
+            if amount <= 0:
+                return
+        result, error = self.attempt(
+            lambda s: api.transfer(s, "physics", "chemistry", credits(amount), at=at, user="alice")
+        )
+        outcome = self.model.transfer_out(amount, at)
+        if isinstance(outcome, Refused):
+            self.expect_refusal(error, outcome)
+            self.check_refusal_details(error, outcome, "transfer")
+            return
+        assert error is None, f"the model admits transferring {amount}; the ledger refused: {error.message}"
+        assert ucredits(result["amount"]) == amount
+        assert result["expires_at"] == (
+            None if outcome is None else outcome.isoformat().replace("+00:00", "Z")
+        )
+        assert result["grant"]["expires_at"] == result["expires_at"]
+        self.reached("transfer out: " + ("keeps an expiry" if outcome else "nothing taken expires"))
+
+    @rule(
+        amount=st.integers(1, 20_000_000),
+        lasts=st.none() | st.integers(1, 86_400),
+        wait=st.integers(0, 1800),
+    )
+    def transfer_in(self, amount: int, lasts: int | None, wait: int) -> None:
+        """Credit in from chemistry: a grant effective at once, expiring at the earliest
+        expiry of what chemistry gave (credit physics sent it earlier) or at `--expires`
+        if that is earlier, that pays debt first like a top-up."""
+        at = self.tick(wait)
+        given = None if lasts is None else at + timedelta(seconds=lasts)
+        result, error = self.attempt(
+            lambda s: api.transfer(s, "chemistry", "physics", credits(amount), expires_at=given, at=at)
+        )
+        assert error is None, error
+        taken = self.model.partner_gives(amount, at)
+        expires = min(e for e in (taken, given, FAR) if e is not None)
+        expires = None if expires == FAR else expires
+        assert result["expires_at"] == (
+            None if expires is None else expires.isoformat().replace("+00:00", "Z")
+        )
+        g, paid = self.model.add_grant("transfer", amount, at, at, expires, 10)
+        g.id = result["grant"]["id"]
+        assert ucredits(result["debt_paid"]) == paid
+        self.reached(
+            "transfer in"
+            + (": paid debt first" if paid else "")
+            + (": kept chemistry's expiry" if taken and expires == taken else "")
+        )
+
     @rule(wait=st.sampled_from([0, 600, 3600, 4 * 3600, 86_400, 2 * 86_400]))
     def sweep(self, wait: int) -> None:
         at = self.tick(wait)
@@ -892,8 +1002,11 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         with self.engine.connect() as c:
             grants = c.execute(
-                text("SELECT id, remaining_ucredits, earmarked_ucredits FROM grants ORDER BY id")
+                text(PHYSICS_GRANTS.format(columns="g.id, g.remaining_ucredits, g.earmarked_ucredits"))
             ).all()
+            clearing = c.execute(
+                text("SELECT COALESCE(SUM(amount_ucredits), 0) FROM postings WHERE account_id = -5")
+            ).scalar_one()
             debt = c.execute(text("SELECT debt_ucredits FROM accounts WHERE name = 'physics'")).scalar_one()
             holds = c.execute(
                 text(
@@ -917,6 +1030,7 @@ class LedgerMachine(RuleBasedStateMachine):
         ]
         assert unbalanced == []
         assert revenue == sum(a for _, _, a in self.model.revenue)
+        assert clearing == 0  # system:transfers nets to zero after every transfer
 
 
 # -- the stores ------------------------------------------------------------------------------
