@@ -242,7 +242,9 @@ def _held_for_credit_then_released_by_a_top_up(box: ChrootBox) -> None:
     _ok(box, ["gpucredit", "topup", account, "1"])
     settled: list[dict[str, str]] = []
     while time.monotonic() < deadline + 60:
-        settled = [h for h in _holds(box) if h["job_id"] == job_id and h["state"] == "settled"]
+        settled = [  # job ids repeat across boxes' lives: this account's hold is this job's
+            h for h in _holds(box) if (h["job_id"], h["account"], h["state"]) == (job_id, account, "settled")
+        ]
         if settled:
             break
         time.sleep(0.5)
