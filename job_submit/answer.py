@@ -132,18 +132,26 @@ def _estimate(
         tasks=request.array_tasks,
     )
     cost = format_credits(estimate.cost_ucredits)
-    available = format_credits(estimate.available_ucredits)
+    available, only = (
+        f"{format_credits(estimate.available_ucredits)} available in {request.account}",
+        f"{format_credits(estimate.available_ucredits)} are available in {request.account}",
+    )
+    if estimate.pool.lender is not None:
+        # "0.00 in grpc + 20.00 from dept's pool": what the hold would borrow, and whose
+        available = only = (
+            f"{format_credits(estimate.available_ucredits)} in {request.account} + "
+            f"{format_credits(estimate.pool.ucredits)} from {estimate.pool.lender}'s pool"
+        )
     what = job_text(gpus, seconds, request.array_tasks)
     breach = estimate.limit_breach
     if breach is not None:
         return _reject(f"{breach.code}: {breach.message} (job: {what})")
     if not estimate.affordable:
         return _reject(
-            f"this job would cost ~{cost} credits ({what}){note} but only "
-            f"{available} are available in {request.account}. "
+            f"this job would cost ~{cost} credits ({what}){note} but only {only}. "
             + top_up_hint.replace("{account}", request.account)
         )
-    message = f"{TAG}: ~{cost} credits ({what}){note}, {available} available in {request.account}"
+    message = f"{TAG}: ~{cost} credits ({what}){note}, {available}"
     if estimate.limit_wait is not None:
         # Over a cap only beside what runs now: Slurm queues it, as it queues a job over
         # the caps `limits sync` writes; the prolog holds it until it fits.

@@ -23,6 +23,8 @@ The parts, and the sub-package each lives in:
     accounts (books)       create_account, ensure_account, account_names, add_member,
                            members, member_roles (access), memberships (views)
     transfers (books)      transfer: available credit from one account to another
+    pools (books)          set_pool, pool_settings, pool_uses, room_for, Pool, Room: a
+                           parent's credit lent to its children's holds
     tree (books)           account_parents, set_parent, set_parents, subtree, ancestors,
                            children_of, tree_order, check_tree: Slurm's account tree
     credit (books)         topup, grant, consume, balance, account_summary, credit_use,
@@ -105,6 +107,7 @@ from ledger.books.payments import (
     open_payment,
     set_external_id,
 )
+from ledger.books.pools import Pool, Room, pool_settings, pool_uses, room_for, set_pool
 from ledger.books.transfers import transfer
 from ledger.books.tree import (
     account_parents,
@@ -211,8 +214,10 @@ __all__ = [
     "OutageBound",
     "OutageConfig",
     "PartitionOption",
+    "Pool",
     "PriceTable",
     "Renewal",
+    "Room",
     "Route",
     "RoutingConfig",
     "RunningTotals",
@@ -296,6 +301,8 @@ __all__ = [
     "outage_prices",
     "parse_outage",
     "parse_share",
+    "pool_settings",
+    "pool_uses",
     "portal_user",
     "price_versions",
     "quote",
@@ -306,6 +313,7 @@ __all__ = [
     "renew_leases",
     "revoke_token",
     "roles_of",
+    "room_for",
     "route",
     "running_totals",
     "seconds_run",
@@ -314,6 +322,7 @@ __all__ = [
     "set_limits",
     "set_parent",
     "set_parents",
+    "set_pool",
     "set_portal_user",
     "set_price",
     "settle_hold",

@@ -106,6 +106,24 @@ def account_set_parent(name: str, parent: str | None, idempotency_key: str | Non
     click.echo(f"account {name} {'now' if result['changed'] else 'already'} {where}")
 
 
+@account_group.command("pool")
+@click.argument("parent")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.option("--child-cap", default=None, help="the most of PARENT's credit each child may use (credits)")
+@key_option
+@ledger_command
+def account_pool(parent: str, state: str, child_cap: str | None, idempotency_key: str | None) -> None:
+    """Share PARENT's credit with its children (on) or stop (off): a child's job draws on
+    it once the child's own credit is used, each child up to --child-cap."""
+    from ledger import api
+
+    with transaction() as s:
+        result = api.set_pool(s, parent, state == "on", child_cap, idempotency_key=idempotency_key)
+    cap = f", each child up to {result['child_cap']} credits" if result["child_cap"] else ""
+    children = ", ".join(result["children"]) or "none yet"
+    click.echo(f"pool of {parent} {result['pool']}{cap} (children: {children})")
+
+
 @account_group.command("tree")
 @click.argument("name", required=False)
 @format_option
@@ -120,6 +138,7 @@ def account_tree(name: str | None, fmt: str) -> None:
         if name is not None and name not in parents:
             raise NotFound(f"account {name!r} does not exist", details={"account": name})
         wanted = None if name is None else set(api.subtree(parents, name))
+        pools = api.pool_settings(s)
         rows = []
         for account, depth in api.tree_order(parents):
             if wanted is not None and account not in wanted:
@@ -131,9 +150,20 @@ def account_tree(name: str | None, fmt: str) -> None:
                     "parent": parents[account],
                     "available": b["available"],
                     "held": b["held"],
+                    "pool": _pool_text(pools.get(account)),
                 }
             )
-    emit(rows, fmt, ["account", "parent", "available", "held"])
+    emit(rows, fmt, ["account", "parent", "available", "held", "pool"])
+
+
+def _pool_text(pool: Any) -> str | None:
+    """A pool as the tree shows it: None (none), "on", or "on, child cap 20.00"."""
+    if pool is None:
+        return None
+    from ledger.money import format_credits
+
+    cap = pool.child_cap_ucredits
+    return "on" if cap is None else f"on, child cap {format_credits(cap)}"
 
 
 @account_group.command("list")

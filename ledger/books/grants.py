@@ -25,7 +25,17 @@ from ledger.store.tables import grants_t
 from ledger.timeutil import format_time, utcnow
 
 DEFAULT_PRIORITY = 10
-SOURCES = {"topup": PAYMENTS, "grant": PROMOTIONS, "refund": REVENUE, "transfer": TRANSFERS}
+# A child's credit borrowed from its parent's pool (ledger/books/pools.py) burns after
+# every grant of its own: a site sets priorities 0..1000 only.
+POOL_PRIORITY = 1001
+POOL_REFERENCE = "pool of "  # + the lender's name: a pool grant's reference
+SOURCES = {
+    "topup": PAYMENTS,
+    "grant": PROMOTIONS,
+    "refund": REVENUE,
+    "transfer": TRANSFERS,
+    "pool": TRANSFERS,
+}
 
 
 @dataclass
@@ -39,6 +49,14 @@ class GrantState:
     priority: int
     source: str
     dirty: bool = False
+    reference: str | None = None
+
+    @property
+    def lender(self) -> str | None:
+        """The account whose pool a `pool` grant's credit came from (ledger.books.pools)."""
+        if self.source != "pool" or not self.reference:
+            return None
+        return self.reference.removeprefix(POOL_REFERENCE)
 
     @property
     def free_ucredits(self) -> int:
@@ -88,6 +106,7 @@ def grants_by_account(rows: Iterable[Any]) -> dict[int, list[GrantState]]:
                 r.expires_at,
                 r.priority,
                 r.source,
+                reference=r.reference,
             )
         )
     for grants in by_account.values():
@@ -228,7 +247,9 @@ def create_grant(
             code="invalid_time",
             details={"effective_at": format_time(effective_at), "expires_at": format_time(expires_at)},
         )
-    if not isinstance(priority, int) or not 0 <= priority <= 1000:
+    if (source, priority) != ("pool", POOL_PRIORITY) and (
+        not isinstance(priority, int) or not 0 <= priority <= 1000
+    ):
         raise InvalidInput(f"priority {priority!r} must be a whole number 0..1000", code="invalid_priority")
     _check_account_credit(s, account, amount_ucredits)
     grant_id = s.execute(

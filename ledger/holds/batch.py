@@ -9,7 +9,8 @@ holds, entries, postings, allocations, grants and account heads in one statement
 Each request gets its own outcome: its HoldState, its own refusal (a LedgerError, nothing
 written for it), or None for the rare cases left to the one-at-a-time functions, which
 the caller runs after this batch is written: accounts with limits (their checks read the
-active holds, this batch's included), a second request for the same run, a settle of a
+active holds, this batch's included), a hold the account's own credit cannot cover (its
+parent's pool may lend the rest), a second request for the same run, a settle of a
 hold that is not active (a repeat, or a conflict), a charge lowered below what was
 already charged (a refund).
 """
@@ -27,7 +28,8 @@ from sqlalchemy.orm import Session
 from ledger.books.accounts import lock_accounts, lock_query, no_account
 from ledger.books.grants import GrantState, grants_by_account
 from ledger.books.journal import EntryDraft, Leg, LockedAccount, post_batch
-from ledger.errors import LedgerError
+from ledger.books.pools import return_unused
+from ledger.errors import InsufficientCredits, LedgerError
 from ledger.holds.charges import Allocation, Charge, plan_charge, save_allocations_many
 from ledger.holds.create import (
     earmark,
@@ -125,7 +127,23 @@ def apply_holds_and_settles(
     with deferred_writes(s):  # PostgreSQL: the writes that return nothing, in one round trip
         ids = [row.id for row in fetched["hold_ids"]] if "hold_ids" in fetched else None
         _write(s, plan, ids, created)
+    _return_pool_credit(s, plan, charges, accounts)
     return created, settled
+
+
+def _return_pool_credit(
+    s: Session,
+    plan: _Plan,
+    charges: list[tuple[int, HoldState, Charge]],
+    accounts: dict[int, LockedAccount],
+) -> None:
+    """What the settled holds' accounts borrowed from pools and no longer hold goes back,
+    as `apply_charge` does for one hold; no read at all for accounts with no pool credit."""
+    for account_id in sorted({hold.account_id for _, hold, _ in charges}):
+        grants = plan.grants.get(account_id, [])
+        if any(g.source == "pool" and g.free_ucredits > 0 for g in grants):
+            at = max(charge.at for _, hold, charge in charges if hold.account_id == account_id)
+            return_unused(s, accounts[account_id], grants, at)
 
 
 @dataclasses.dataclass
@@ -286,6 +304,8 @@ def _plan_holds(
             rate, unit_prices = prices.rate_for(req.gpus, req.partition, req.at)
             amount = hold_amount(req, rate)
             legs = earmark(plan.grants.setdefault(account.id, []), account, req, amount)
+        except InsufficientCredits:
+            continue  # its parent's pool may lend the rest: create_hold decides, and words it
         except LedgerError as error:
             created[i] = error
             continue

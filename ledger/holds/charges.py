@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from ledger.books.grants import GrantState, create_grant, load_grants, save_grants
 from ledger.books.journal import REVENUE, EntryDraft, Leg, LockedAccount, post_many
+from ledger.books.pools import return_unused
 from ledger.holds.state import HoldState
 from ledger.store.bulk import insert_rows, update_rows
 from ledger.store.tables import allocations_t, holds_t
@@ -193,7 +194,13 @@ def apply_charge(s: Session, account: LockedAccount, hold: HoldState, charge: Ch
     s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
     if unplaced:
         create_grant(s, account, unplaced, source="refund", at=charge.at, user=hold.user)
+    if charge.new_state is not None or delta_of(hold, charge) < 0:
+        return_unused(s, account, grants, charge.at, user=hold.user)
     return dataclasses.replace(hold, **values)
+
+
+def delta_of(hold: HoldState, charge: Charge) -> int:
+    return charge.target_ucredits - hold.charged_ucredits
 
 
 def plan_charge(
@@ -222,7 +229,7 @@ def plan_charge(
         user=hold.user,
         hold_id=hold.id,
         links_entry_id=charge.links_entry_id,
-        memo=_memo(hold, charge, delta),
+        memo=_memo(hold, charge, delta) | _paid_by_pools(grants, legs),
     )
     values: dict[str, Any] = {
         "charged_ucredits": charge.target_ucredits,  # the unplaced part returns as a refund grant
@@ -233,6 +240,18 @@ def plan_charge(
     if charge.new_state is not None:
         values.update(state=charge.new_state, resolved_at=charge.at)
     return draft, values, unplaced
+
+
+def _paid_by_pools(grants: list[GrantState], legs: list[Leg]) -> dict[str, Any]:
+    """{"pools": {lender: micro-credits}} for what the entry drew from (or, negative,
+    refunded to) pool grants: whose credit paid, named in the charge itself."""
+    lenders = {g.id: g.lender for g in grants if g.lender is not None}
+    paid: dict[str, int] = {}
+    for leg in legs:
+        lender = lenders.get(leg.grant_id) if leg.grant_id is not None else None  # held + available
+        if lender is not None:
+            paid[lender] = paid.get(lender, 0) - leg.amount_ucredits
+    return {"pools": paid} if any(paid.values()) else {}
 
 
 def _memo(hold: HoldState, charge: Charge, delta: int) -> dict[str, Any]:

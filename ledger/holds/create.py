@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from ledger.books.accounts import lock_account, lock_accounts
 from ledger.books.grants import GrantState, available_now, load_grants, save_grants, take_free
 from ledger.books.journal import Leg, LockedAccount, post
+from ledger.books.pools import Room, borrow, lenders, room_for
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LedgerError
 from ledger.holds.request import CheckedHoldRequest, HoldRequest
 from ledger.holds.state import HoldState, find_hold
@@ -73,19 +74,35 @@ def earmark(
     """Earmark `amount` in burn order from credit free at `req.at`, or refuse naming both."""
     available = available_now(grants, account, req.at)
     if amount > available:
-        raise InsufficientCredits(
-            f"account {account.name}: this job needs {format_credits(amount)} credits "
-            f"({format_gpus(req.gpus)} for {req.seconds} s) but {format_credits(available)} are available",
-            details={
-                "account": account.name,
-                "needed": format_credits(amount),
-                "available": format_credits(available),
-            },
-        )
+        raise too_little(account, req, amount, available)
     legs: list[Leg] = []
     if take_free(grants, account, amount, req.at, "held", legs):
         raise RuntimeError("available credit was computed but could not be earmarked")
     return legs
+
+
+def too_little(
+    account: LockedAccount, req: CheckedHoldRequest, amount: int, available: int, room: Room | None = None
+) -> InsufficientCredits:
+    """The refusal of a hold that needs more than the account has (and its pools lend)."""
+    has = format_credits(available)
+    if room is not None and room.lender is not None:
+        has = (
+            f"{format_credits(available + room.ucredits)} ({format_credits(available)} in {account.name} "
+            f"+ {format_credits(room.ucredits)} from {room.lender}'s pool)"
+        )
+    details = {
+        "account": account.name,
+        "needed": format_credits(amount),
+        "available": format_credits(available),
+    }
+    if room is not None and room.lender is not None:
+        details |= {"pool": room.lender, "from_pool": format_credits(room.ucredits)}
+    return InsufficientCredits(
+        f"account {account.name}: this job needs {format_credits(amount)} credits "
+        f"({format_gpus(req.gpus)} for {req.seconds} s) but {has} are available",
+        details=details,
+    )
 
 
 def hold_amount(req: CheckedHoldRequest, rate: int) -> int:
@@ -138,7 +155,9 @@ def create_hold(s: Session, request: HoldRequest) -> HoldState:
     limit, and the meter renews it (`ledger.holds.leases`).
     """
     req = request.checked()
-    account = lock_account(s, req.account)
+    chain = lenders(s, req.account)
+    locked = {a.name: a for a in lock_accounts(s, [req.account, *chain]).values()} if chain else {}
+    account = locked[req.account] if req.account in locked else lock_account(s, req.account)
     existing = same_run(s, req.cluster, req.job_id, req.run, req.submitted_at, req.digest)
     if existing is not None:
         return existing
@@ -146,6 +165,8 @@ def create_hold(s: Session, request: HoldRequest) -> HoldState:
     amount = hold_amount(req, rate)
     check_limits(s, account, req.user, sum(req.gpus.values()), rate, amount, req.at)
     grants = load_grants(s, account.id)
+    if chain:
+        grants = _borrow_for(s, locked, req, amount, grants)
     legs = earmark(grants, account, req, amount)
     hold = new_hold(s, account, req.digest, **hold_fields(req, rate, unit_prices, amount))
     post(s, account, "hold", req.at, legs, user=req.user, hold_id=hold.id, memo=hold_memo(req))
@@ -154,6 +175,29 @@ def create_hold(s: Session, request: HoldRequest) -> HoldState:
         s.execute(insert(allocations_t), earmarks)
     save_grants(s, grants)
     return hold
+
+
+def _borrow_for(
+    s: Session,
+    locked: dict[str, LockedAccount],
+    req: CheckedHoldRequest,
+    amount: int,
+    grants: list[GrantState],
+) -> list[GrantState]:
+    """What the hold needs beyond the account's own credit, borrowed from its pools (the
+    account and its lenders locked); refused with both figures when the pools have too
+    little, before anything is lent. Returns the account's grants as they are now."""
+    account = locked[req.account]
+    short = amount - available_now(grants, account, req.at)
+    if short <= 0:
+        return grants
+    room = room_for(s, req.account, req.at)
+    if short > room.ucredits:
+        raise too_little(account, req, amount, available_now(grants, account, req.at), room)
+    lent = borrow(s, locked, req.account, short, req.at, user=req.user, memo=hold_memo(req))
+    if lent != short:
+        raise RuntimeError(f"the pools had {room.ucredits} to lend but lent {lent} of {short}")
+    return load_grants(s, account.id)
 
 
 # Slurm's own cap on a heterogeneous job's components (MAX_HET_JOB_COMPONENTS, 128).

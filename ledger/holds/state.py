@@ -18,8 +18,9 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from ledger.books.accounts import lock_account_by_id
+from ledger.books.accounts import lock_account_by_id, lock_accounts
 from ledger.books.journal import LockedAccount
+from ledger.books.pools import lenders, pool_settings
 from ledger.errors import NotFound
 from ledger.holds.request import submit_time
 from ledger.money import format_credits, format_rate
@@ -255,8 +256,15 @@ def list_active_runs(s: Session, limit: int = 200_000) -> list[ActiveRun]:
 
 
 def lock_hold(s: Session, hold_id: int) -> tuple[LockedAccount, HoldState]:
-    """Lock the hold's account, then read the hold under that lock."""
+    """Lock the hold's account, then read the hold under that lock. Where the account
+    borrows from pools, its lenders are locked with it, in id order: resolving the hold
+    gives back what it borrowed (ledger.books.pools.return_unused)."""
     owner = select(holds_t.c.account_id).where(holds_t.c.id == hold_id).scalar_subquery()
+    if pool_settings(s):
+        name = s.execute(select(accounts_t.c.name).where(accounts_t.c.id == owner)).scalar()
+        chain = lenders(s, name) if name is not None else []
+        if name is not None and chain:
+            lock_accounts(s, [name, *chain])
     account = lock_account_by_id(s, owner)
     if account is None:
         raise NotFound(f"hold {hold_id} does not exist", details={"hold_id": hold_id})

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from ledger.books.accounts import read_account
 from ledger.books.balance import available_credit
+from ledger.books.pools import NO_ROOM, Room, room_for
 from ledger.errors import LimitExceeded
 from ledger.limits.caps import Limits
 from ledger.limits.rules import Usage, limit_breach, static_limit_breach
@@ -47,10 +48,11 @@ class Estimate:
     available_ucredits: int
     limit_breach: LimitExceeded | None = None
     limit_wait: LimitExceeded | None = None
+    pool: Room = NO_ROOM  # what the parent's pool would lend beyond the account's own
 
     @property
     def affordable(self) -> bool:
-        return self.cost_ucredits <= self.available_ucredits
+        return self.cost_ucredits <= self.available_ucredits + self.pool.ucredits
 
     def as_dict(self) -> dict[str, Any]:
         """The quote as the CLI and the HTTP API show it (decimal strings)."""
@@ -67,6 +69,11 @@ class Estimate:
             "available": format_credits(self.available_ucredits),
             "affordable": self.affordable,
             "at": format_time(self.at),
+            **(
+                {"pool": self.pool.lender, "from_pool": format_credits(self.pool.ucredits)}
+                if self.pool.lender is not None
+                else {}
+            ),
         }
 
 
@@ -83,6 +90,7 @@ def estimate(
     user: str | None = None,
     caps: Mapping[str | None, Limits] | None = None,
     usage: Callable[[str | None], Usage] | None = None,
+    pool: Room = NO_ROOM,
 ) -> Estimate:
     """Price a job spec (an array is estimated per task) and set it beside the credit.
 
@@ -120,6 +128,7 @@ def estimate(
         available_ucredits=available_ucredits,
         limit_breach=breach,
         limit_wait=wait,
+        pool=pool,
     )
 
 
@@ -151,4 +160,5 @@ def quote(
         at=at,
         tasks=tasks,
         available_ucredits=available,
+        pool=room_for(s, account, at),
     ).as_dict()

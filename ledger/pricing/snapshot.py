@@ -24,12 +24,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.books.balance import available_credit
 from ledger.books.credit_use import CreditUse, credit_in_force
+from ledger.books.pools import Room, pool_rooms, pool_settings, pool_uses
+from ledger.books.tree import account_parents
 from ledger.errors import NotFound
 from ledger.limits.caps import Limits
 from ledger.limits.rules import Usage, capped_usage
 from ledger.pricing.prices import PriceTable, load_price_table
 from ledger.pricing.quotes import Estimate, estimate
-from ledger.store.tables import accounts_t, entries_t, limits_t, prices_t
+from ledger.store.tables import accounts_t, entries_t, limits_t, pools_t, prices_t
 from ledger.timeutil import utcnow
 
 __all__ = ["STALE_AFTER_SECONDS", "Snapshot", "SnapshotKeeper", "change_marker", "take_snapshot"]
@@ -50,6 +52,7 @@ class Snapshot:
     credit_ucredits: Mapping[str, int] = field(default_factory=dict)  # account -> granted, active now
     # (account, user or None) -> what runs there now, for accounts with a cap (ledger.limits.rules)
     usage: Mapping[tuple[str, str | None], Usage] = field(default_factory=dict)
+    pools: Mapping[str, Room] = field(default_factory=dict)  # account -> what pools lend it now
 
     def credit_use(self, account: str) -> CreditUse:
         """How much of `account`'s current credit is used (ledger.books.credit_use)."""
@@ -86,6 +89,7 @@ class Snapshot:
             user=user,
             caps=caps,
             usage=lambda who: self.usage.get((account, who), _IDLE),
+            pool=self.pools.get(account, Room()),
         )
 
     def quotes_hold_until(self) -> datetime:
@@ -99,7 +103,7 @@ class Snapshot:
 
 
 def change_marker(s: Any) -> tuple[Any, ...]:
-    """Changes whenever a journal entry, account, price or cap is written."""
+    """Changes whenever a journal entry, account, price, cap, pool or parent is written."""
     return tuple(
         s.execute(
             select(
@@ -107,6 +111,13 @@ def change_marker(s: Any) -> tuple[Any, ...]:
                 select(func.max(accounts_t.c.id)).scalar_subquery(),
                 select(func.max(prices_t.c.id)).scalar_subquery(),
                 select(func.max(limits_t.c.updated_at)).scalar_subquery(),
+                # pools and the tree change no journal: count, caps and times of the pools on
+                select(func.count()).where(pools_t.c.enabled.is_(True)).scalar_subquery(),
+                select(func.sum(func.coalesce(pools_t.c.child_cap_ucredits, -1)))
+                .where(pools_t.c.enabled.is_(True))
+                .scalar_subquery(),
+                select(func.max(pools_t.c.since)).scalar_subquery(),
+                select(func.sum(accounts_t.c.parent_id)).scalar_subquery(),
             )
         ).one()
     )
@@ -138,16 +149,18 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
             if r.account_id in names
         }
         prices = load_price_table(s)
+        by_name = {names[i]: credit for i, credit in available.items() if i in names}
+        pools = pool_settings(s)
+        rooms = pool_rooms(account_parents(s), pools, by_name, pool_uses(s)) if pools else {}
     return Snapshot(
         taken_at=now,
         marker=marker,
         prices=prices,
-        available_ucredits={
-            names[account_id]: credit for account_id, credit in available.items() if account_id in names
-        },
+        available_ucredits=by_name,
         limits=limits,
         credit_ucredits={names[i]: total for i, total in granted.items() if i in names},
         usage=usage,
+        pools=rooms,
     )
 
 

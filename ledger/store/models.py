@@ -182,6 +182,43 @@ class Grant(Base):
     entry_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class Pool(Base):
+    """A parent account sharing its credit with its children (`gpucredit account pool`):
+    a child's hold borrows from it once the child's own credit is used, each child up to
+    `child_cap_ucredits` (NULL: no cap) counted over loans made since `since`."""
+
+    __tablename__ = "pools"
+    __table_args__ = (CheckConstraint("child_cap_ucredits IS NULL OR child_cap_ucredits >= 0", name="cap"),)
+
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    child_cap_ucredits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    since: Mapped[Timestamp]
+
+
+class PoolLoan(Base):
+    """Credit a child borrowed from one of its parent's grants into its own pool grant
+    (`grant_id`, source `pool`), and how much of it went back (ledger/books/pools.py)."""
+
+    __tablename__ = "pool_loans"
+    __table_args__ = (
+        CheckConstraint("taken_ucredits > 0", name="taken"),
+        CheckConstraint("returned_ucredits >= 0 AND returned_ucredits <= taken_ucredits", name="returned"),
+        Index(None, "lender_id", "borrower_id"),
+        Index(None, "grant_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    lender_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    borrower_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    grant_id: Mapped[int] = mapped_column(ForeignKey("grants.id"))
+    source_grant_id: Mapped[int] = mapped_column(ForeignKey("grants.id"))
+    hold_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    taken_ucredits: Mapped[Ucredits]
+    returned_ucredits: Mapped[Ucredits]
+    created_at: Mapped[Timestamp]
+
+
 class HoldStatus:
     """A hold's state (`holds.state`): `active` until it resolves, exactly once, as
     `settled` (charged for the seconds the run used), `released` (the rest voided) or

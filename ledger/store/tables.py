@@ -23,6 +23,8 @@ inside the ledger: other packages read and change money through `ledger.api`
     tokens_t          API tokens (their hashes)
     payments_t        credit bought, pending until paid
     payment_events_t  each payment provider event, once
+    pools_t           parents sharing their credit with their children
+    pool_loans_t      credit a child borrowed from its parent's grants, and what went back
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from ledger.store.models import (
     Member,
     Payment,
     PaymentEvent,
+    Pool,
+    PoolLoan,
     PortalUser,
     Posting,
     Price,
@@ -67,3 +71,5 @@ portal_users_t = table_of(PortalUser)
 tokens_t = table_of(ApiToken)
 payments_t = table_of(Payment)
 payment_events_t = table_of(PaymentEvent)
+pools_t = table_of(Pool)
+pool_loans_t = table_of(PoolLoan)

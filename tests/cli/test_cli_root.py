@@ -16,7 +16,7 @@ from gpucredit.cli import EXIT_MISSING_EXTRA, _build
 
 # Every command of `gpucredit`, the public contract the docs and tests/cli/test_cli*.py use.
 COMMAND_TEXT = """
-account account/create account/import-slurm account/list account/set-parent account/show
+account account/create account/import-slurm account/list account/pool account/set-parent account/show
 account/tree adjust agent
 audit audit/checkpoint audit/verify balance bridge bridge/meter bridge/reconcile bridge/sacct
 consume daemon example export export/ood-balance fairshare fairshare/show fairshare/sync grant

@@ -77,10 +77,10 @@ def test_the_cli_reports_a_subtree_by_child_account(gc: Callable[..., Result]) -
     alone = gc("report", "--account", "dept", "--by", "account", *window, "--format", "csv").output
     assert alone.splitlines()[1:] == ["dept,1.00,0,0"]  # without --subtree: the account's own
     assert gc("account", "tree", "dept").output.splitlines() == [
-        "ACCOUNT  PARENT  AVAILABLE  HELD",
-        "dept     -       9.00       0.00",
-        "  grpa   dept    96.40      0.00",
-        "  grpb   dept    16.40      0.00",
+        "ACCOUNT  PARENT  AVAILABLE  HELD  POOL",
+        "dept     -       9.00       0.00  -",
+        "  grpa   dept    96.40      0.00  -",
+        "  grpb   dept    16.40      0.00  -",
     ]
 
 

@@ -49,11 +49,11 @@ def test_create_with_a_parent_and_move_a_subtree(gc: Callable[..., Result], tx: 
     gc("account", "create", "chemistry", "--parent", "research")
     gc("topup", "grpa", "10")
     assert gc("account", "tree").output.splitlines() == [
-        "ACCOUNT      PARENT    AVAILABLE  HELD",
-        "research     -         0.00       0.00",
-        "  chemistry  research  0.00       0.00",
-        "  physics    research  0.00       0.00",
-        "    grpa     physics   10.00      0.00",
+        "ACCOUNT      PARENT    AVAILABLE  HELD  POOL",
+        "research     -         0.00       0.00  -",
+        "  chemistry  research  0.00       0.00  -",
+        "  physics    research  0.00       0.00  -",
+        "    grpa     physics   10.00      0.00  -",
     ]
     assert gc("account", "set-parent", "physics").output == "account physics now at the top level\n"
     assert gc("account", "set-parent", "physics").output == "account physics already at the top level\n"

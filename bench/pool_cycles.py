@@ -1,0 +1,118 @@
+"""Hold+settle cycles/s for jobs drawing on one shared pool, against the flat case.
+
+Both on one PostgreSQL server in this one run, so the ratio is meaningful on whatever
+machine runs it. Flat: 64 funded top-level accounts. Pooled: 64 siblings with no credit
+of their own under one parent whose pool is on, so every hold borrows from the parent
+and every settle gives the rest back. N worker processes cycle over the 64 accounts,
+one transaction per call (the ledger's own functions, as the CLI and the portal call
+them).
+
+    .venv/bin/python -m bench.pool_cycles [--workers 4] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from bench.goals import report
+from ledger import api
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.schema import upgrade
+
+ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+SIBLINGS = 64
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _url(database: str) -> str:
+    return make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
+
+
+def setup(database: str, pooled: bool) -> None:
+    with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
+        c.execute(text(f'CREATE DATABASE "{database}"'))
+    engine = make_engine(_url(database))
+    upgrade(engine)
+    with make_sessionmaker(engine)() as s, s.begin():
+        api.set_price(s, "h100", "3.60", effective_at=EPOCH)
+        api.create_account(s, "dept")
+        api.topup(s, "dept", "100000000", effective_at=EPOCH)
+        for i in range(SIBLINGS):
+            api.create_account(s, f"kid{i}")
+            if pooled:
+                api.set_parent(s, f"kid{i}", "dept")
+            else:
+                api.topup(s, f"kid{i}", "1000000", effective_at=EPOCH)
+        if pooled:
+            api.set_pool(s, "dept", True, None, at=EPOCH)
+    engine.dispose()
+
+
+def cycle(factory, account: str, job_id: int) -> None:  # type: ignore[no-untyped-def]
+    with factory() as s, s.begin():
+        hold = api.create_hold(
+            s, api.HoldRequest(account, user="alice", job_id=job_id, gpus="h100:2", seconds=7200, cluster="b")
+        )
+    with factory() as s, s.begin():
+        api.settle_hold(s, hold.id, 1800)
+
+
+def worker(database: str, index: int, seconds: float, barrier, results) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(_url(database), pool_size=1)
+    factory = make_sessionmaker(engine)
+    cycle(factory, f"kid{index % SIBLINGS}", 10**9 + index)  # warm the connection and caches
+    barrier.wait()
+    done, job_id = 0, index * 10**7
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        job_id += 1
+        cycle(factory, f"kid{job_id % SIBLINGS}", job_id)
+        done += 1
+    results.put((done, time.perf_counter() - start))
+    engine.dispose()
+
+
+def cycles_per_second(pooled: bool, workers: int, seconds: float) -> float:
+    database = f"bench_pool_{uuid.uuid4().hex[:8]}"
+    setup(database, pooled)
+    try:
+        ctx = mp.get_context("fork")
+        barrier, results = ctx.Barrier(workers), ctx.Queue()
+        procs = [
+            ctx.Process(target=worker, args=(database, i, seconds, barrier, results)) for i in range(workers)
+        ]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=seconds + 120) for _ in procs]
+        for p in procs:
+            p.join()
+        engine = make_engine(_url(database))
+        with make_sessionmaker(engine)() as s:
+            assert api.verify(s).ok
+        engine.dispose()
+        return sum(done for done, _ in outcomes) / max(elapsed for _, elapsed in outcomes)
+    finally:
+        with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    flat = cycles_per_second(False, args.workers, args.seconds)
+    pooled = cycles_per_second(True, args.workers, args.seconds)
+    print(f"flat: {flat:.0f} cycles/s; {SIBLINGS} siblings on one pool: {pooled:.0f} cycles/s")
+    report("pools: pooled ÷ flat hold+settle cycles/s", pooled / flat, goal=0.8, must=0.5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Pooled credit (ledger/books/pools.py): a child's hold borrows from its parent's pool
+once its own credit is used, each child within its cap, nested pools walking up the
+tree; what a job did not spend goes back to the grants it came from when its hold
+resolves; every charge names whose credit paid. Exact figures, on both stores; the CLI;
+the batch path (the daemon's) and siblings racing one pool in separate processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from click.testing import Result
+from sqlalchemy import select
+
+from ledger import api
+from ledger.errors import InsufficientCredits, InvalidInput, LedgerError
+from ledger.store.db import make_engine, make_sessionmaker
+from ledger.store.tables import entries_t, pool_loans_t
+from tests.support.cli import cli_for, dispose_engine
+
+AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
+HOUR = 3600
+
+
+def seed(s: Any, *, cap: str | None = "20", dept_credit: str = "100") -> None:
+    """dept (a pool, each child capped at 20) over grpa (5 of its own) and grpc (none);
+    h100 at 3.60 a GPU-hour."""
+    api.set_price(s, "h100", "3.60", effective_at=AT - timedelta(days=1))
+    api.create_account(s, "dept")
+    for child in ("grpa", "grpc"):
+        api.create_account(s, child)
+        api.set_parent(s, child, "dept")
+        api.add_member(s, "alice", child)
+    api.topup(s, "dept", dept_credit, effective_at=AT - timedelta(hours=1), at=AT - timedelta(hours=1))
+    api.topup(s, "grpa", "5", effective_at=AT - timedelta(hours=1), at=AT - timedelta(hours=1))
+    api.set_pool(s, "dept", True, cap, at=AT - timedelta(minutes=30))
+
+
+def hold(s: Any, account: str, job_id: int, gpus: int = 1, seconds: int = HOUR) -> api.HoldState:
+    return api.create_hold(
+        s, api.HoldRequest(account, user="alice", job_id=job_id, gpus=f"h100:{gpus}", seconds=seconds, at=AT)
+    )
+
+
+def available(s: Any, account: str) -> str:
+    return str(api.balance(s, account)["available"])
+
+
+def test_a_child_with_no_credit_borrows_and_gives_back_what_it_did_not_spend(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s)
+    with tx() as s:
+        held = hold(s, "grpc", 1)  # 3.60 for an hour, all of it from dept
+        assert held.amount_ucredits == 3_600_000
+        assert (available(s, "dept"), available(s, "grpc")) == ("96.40", "0.00")
+        assert api.balance(s, "grpc")["held"] == "3.60"
+        [pool_grant] = api.balance(s, "grpc")["grants"]
+        assert (pool_grant["source"], pool_grant["priority"], pool_grant["amount"]) == ("pool", 1001, "3.60")
+    with tx() as s:
+        api.settle_hold(s, held.id, 1800, AT + timedelta(seconds=1800))  # half: 1.80
+    with tx() as s:
+        assert (available(s, "dept"), available(s, "grpc")) == ("98.20", "0.00")
+        assert api.pool_uses(s) == {("dept", "grpc"): 1_800_000}
+        settle = s.execute(select(entries_t.c.memo).where(entries_t.c.kind == "settle")).scalar_one()
+        assert json.loads(settle)["pools"] == {"dept": 1_800_000}  # the charge names whose credit paid
+        kinds = [k for (k,) in s.execute(select(entries_t.c.kind).order_by(entries_t.c.id))][-6:]
+        assert kinds == ["pool_out", "pool", "hold", "settle", "pool_return", "pool_back"]
+        report = api.verify(s)
+        assert report.ok, report.problems
+
+
+def test_the_child_spends_its_own_credit_first_then_the_pool(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s)
+    with tx() as s:
+        held = hold(s, "grpa", 1, gpus=2)  # 7.20: grpa's 5, then 2.20 of dept's
+        assert (available(s, "grpa"), available(s, "dept")) == ("0.00", "97.80")
+    with tx() as s:
+        api.settle_hold(s, held.id, 3000, AT + timedelta(seconds=3000))  # 6.00: 5 own + 1.00 pool
+    with tx() as s:
+        assert (available(s, "grpa"), available(s, "dept")) == ("0.00", "99.00")
+        assert api.pool_uses(s) == {("dept", "grpa"): 1_000_000}
+        assert api.verify(s).ok
+
+
+def test_a_child_over_its_cap_is_refused_with_both_figures_and_nothing_moves(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s)
+    with tx() as s:
+        first = hold(s, "grpc", 1, gpus=5)  # 18.00 of its 20
+        api.settle_hold(s, first.id, HOUR, AT + timedelta(seconds=HOUR))
+    with tx() as s, pytest.raises(InsufficientCredits) as refused:
+        hold(s, "grpc", 2)  # 3.60 > the 2.00 its cap leaves
+    assert refused.value.message == (
+        "account grpc: this job needs 3.60 credits (h100:1 for 3600 s) "
+        "but 2.00 (0.00 in grpc + 2.00 from dept's pool) are available"
+    )
+    assert refused.value.details["from_pool"] == "2.00"
+    with tx() as s:
+        assert (available(s, "dept"), available(s, "grpc")) == ("82.00", "0.00")
+        assert api.room_for(s, "grpc", AT) == api.Room(2_000_000, "dept")
+        # the cap is per child: grpa may still draw its own 20 beyond its 5
+        assert api.room_for(s, "grpa", AT) == api.Room(20_000_000, "dept")
+        hold(s, "grpc", 3, seconds=2000)  # 2.00 exactly fits
+
+
+def test_a_raised_cap_or_a_pool_turned_off_changes_what_a_child_may_draw(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s, cap="1")
+    with tx() as s, pytest.raises(InsufficientCredits):
+        hold(s, "grpc", 1)
+    with tx() as s:
+        api.set_pool(s, "dept", True, None)  # no cap
+        hold(s, "grpc", 1)
+    with tx() as s:
+        api.set_pool(s, "dept", False)
+        assert api.room_for(s, "grpc", AT) == api.Room()
+    with tx() as s, pytest.raises(InsufficientCredits) as refused:
+        hold(s, "grpc", 2)
+    assert refused.value.message.endswith("but 0.00 are available")  # no pool: no pool words
+
+
+def test_nested_pools_walk_up_the_tree(tx: Callable[[], Any]) -> None:
+    """univ pools for dept, which has nothing and pools for grpc: grpc's job borrows
+    through dept from univ; after it, everything unspent is back in univ."""
+    with tx() as s:
+        seed(s, cap=None, dept_credit="0.000001")
+        api.create_account(s, "univ")
+        api.topup(s, "univ", "50", effective_at=AT - timedelta(hours=1), at=AT - timedelta(hours=1))
+        api.set_parent(s, "dept", "univ")
+        api.set_pool(s, "univ", True, "10")
+    with tx() as s:
+        assert api.room_for(s, "grpc", AT) == api.Room(10_000_001, "dept")
+        held = hold(s, "grpc", 1)
+        # dept's own micro-credit first, the rest borrowed from univ
+        assert (available(s, "univ"), available(s, "dept"), available(s, "grpc")) == (
+            "46.400001",
+            "0.00",
+            "0.00",
+        )
+    with tx() as s:
+        api.release_hold(s, held.id, AT + timedelta(seconds=60))
+    with tx() as s:
+        assert (available(s, "univ"), available(s, "dept"), available(s, "grpc")) == (
+            "50.00",
+            "0.000001",
+            "0.00",
+        )
+        assert api.verify(s).ok
+
+
+def test_the_quote_counts_the_pool_and_names_it(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s)
+        quote = api.quote(s, "grpc", "h100:2", 3600)
+    assert (quote["cost"], quote["available"], quote["pool"], quote["from_pool"], quote["affordable"]) == (
+        "7.20",
+        "0.00",
+        "dept",
+        "20.00",
+        True,
+    )
+    with tx() as s:
+        assert api.quote(s, "grpc", "h100:6", 3600)["affordable"] is False  # 21.60 > 20 cap
+
+
+def test_the_batch_leaves_a_pooled_hold_to_create_hold_and_returns_credit_on_settle(
+    tx: Callable[[], Any],
+) -> None:
+    with tx() as s:
+        seed(s)
+    request = api.HoldRequest("grpc", user="alice", job_id=7, gpus="h100:1", seconds=HOUR, at=AT)
+    with tx() as s:
+        assert api.create_holds(s, [request]) == [None]  # the daemon then asks create_hold
+        held = api.create_hold(s, request)
+    with tx() as s:
+        [outcome] = api.settle_holds(s, [(held.id, 600, AT + timedelta(seconds=600))])
+        assert isinstance(outcome, api.HoldState) and outcome.charged_ucredits == 600_000
+    with tx() as s:
+        assert (available(s, "dept"), available(s, "grpc")) == ("99.40", "0.00")
+        assert api.verify(s).ok
+
+
+def test_bad_pool_requests_are_refused_and_change_nothing(tx: Callable[[], Any]) -> None:
+    with tx() as s:
+        seed(s)
+    with tx() as s, pytest.raises(InvalidInput):
+        api.set_pool(s, "dept", True, "-1")
+    with tx() as s, pytest.raises(InvalidInput):
+        api.set_pool(s, "dept", False, "5")
+    with tx() as s, pytest.raises(LedgerError) as missing:
+        api.set_pool(s, "nope", True)
+    assert missing.value.code == "not_found"
+    with tx() as s:
+        assert api.pool_settings(s)["dept"].child_cap_ucredits == 20_000_000
+
+
+@pytest.fixture
+def gc(db_url: str) -> Any:
+    yield cli_for(db_url)
+    dispose_engine(db_url)
+
+
+def test_the_cli_turns_a_pool_on_and_shows_it_in_the_tree(gc: Callable[..., Result]) -> None:
+    gc("account", "create", "dept")
+    gc("account", "create", "grpc", "--parent", "dept")
+    gc("topup", "dept", "10")
+    out = gc("account", "pool", "dept", "on", "--child-cap", "4")
+    assert out.output == "pool of dept on, each child up to 4.00 credits (children: grpc)\n"
+    assert gc("account", "tree").output.splitlines() == [
+        "ACCOUNT  PARENT  AVAILABLE  HELD  POOL",
+        "dept     -       10.00      0.00  on, child cap 4.00",
+        "  grpc   dept    0.00       0.00  -",
+    ]
+    assert gc("account", "pool", "dept", "off").output == "pool of dept off (children: grpc)\n"
+    assert "'sideways' is not one of 'on', 'off'" in gc("account", "pool", "dept", "sideways", code=2).output
+
+
+# -- siblings racing one pool, each in its own process --------------------------------------------
+
+SIBLINGS = 4
+BARRIER_TIMEOUT_S = 120  # a guard against a hung worker, never a measurement
+
+
+def _sibling(url: str, worker: int, barrier: Any, results: Any) -> None:
+    engine = make_engine(url, pool_size=1)
+    try:
+        barrier.wait(timeout=BARRIER_TIMEOUT_S)
+        with make_sessionmaker(engine)() as s, s.begin():
+            try:
+                held = hold(s, f"kid{worker}", 100 + worker, gpus=2)  # 7.20 each
+                results.put((worker, "held", held.id))
+            except LedgerError as error:
+                results.put((worker, "refused", error.code))
+    except BaseException:
+        results.put((worker, "crashed", traceback.format_exc()))
+    finally:
+        engine.dispose()
+
+
+def test_siblings_racing_one_pool_never_overdraw_it(db_url: str, tx: Callable[[], Any]) -> None:
+    """dept holds 15.00, enough for two 7.20 jobs: of four siblings starting at once, two
+    hold and two are refused, and dept keeps exactly 0.60."""
+    with tx() as s:
+        api.set_price(s, "h100", "3.60", effective_at=AT - timedelta(days=1))
+        api.create_account(s, "dept")
+        api.topup(s, "dept", "15", effective_at=AT - timedelta(hours=1), at=AT - timedelta(hours=1))
+        for w in range(SIBLINGS):
+            api.create_account(s, f"kid{w}")
+            api.set_parent(s, f"kid{w}", "dept")
+        api.set_pool(s, "dept", True, None, at=AT - timedelta(minutes=30))
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(SIBLINGS)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_sibling, args=(db_url, w, barrier, results)) for w in range(SIBLINGS)]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    crashed = [r for r in reports if r[1] == "crashed"]
+    assert not crashed, crashed[0][2]
+    assert sorted(kind for _, kind, _ in reports) == ["held", "held", "refused", "refused"]
+    assert {code for _, kind, code in reports if kind == "refused"} == {"insufficient_credits"}
+    with tx() as s:
+        assert available(s, "dept") == "0.60"
+        lent = s.execute(select(pool_loans_t.c.taken_ucredits)).scalars().all()
+        assert sum(lent) == 14_400_000
+        assert api.verify(s).ok
