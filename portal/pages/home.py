@@ -76,8 +76,10 @@ def _subtree_rows(s: Any, account: str) -> list[dict[str, Any]]:
     now: what a department's manager watches (they need not be a member of each)."""
     parents = api.account_parents(s)
     depth = dict(api.tree_order(parents))
+    below = api.subtree(parents, account)[1:]
+    used = api.pool_uses(s, below)
     rows = []
-    for name in api.subtree(parents, account)[1:]:
+    for name in below:
         figures = api.balance(s, name)
         rows.append(
             {
@@ -86,6 +88,8 @@ def _subtree_rows(s: Any, account: str) -> list[dict[str, Any]]:
                 "depth": depth[name] - depth[account],
                 "available": figures["available"],
                 "held": figures["held"],
+                # what it used of its parent's pool (held or spent, not given back)
+                "pool_draw": format_credits(used.get((parents[name] or "", name), 0)),
             }
         )
     return rows

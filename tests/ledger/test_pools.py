@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import re
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -272,3 +273,30 @@ def test_siblings_racing_one_pool_never_overdraw_it(db_url: str, tx: Callable[[]
         lent = s.execute(select(pool_loans_t.c.taken_ucredits)).scalars().all()
         assert sum(lent) == 14_400_000
         assert api.verify(s).ok
+
+
+def test_the_dashboard_shows_a_department_manager_each_childs_pool_draw(
+    db_url: str, tx: Callable[[], Any]
+) -> None:
+    from portal.auth import hash_password
+    from tests.support.portal import PASSWORD, login, make_app
+
+    with tx() as s:
+        seed(s)
+        api.add_member(s, "dana", "dept", role="manager")
+        api.set_portal_user(s, "dana", password_hash=hash_password(PASSWORD))
+    with tx() as s:
+        held = hold(s, "grpc", 1)
+        api.settle_hold(s, held.id, 1800, AT + timedelta(seconds=1800))  # 1.80 of dept's
+        hold(s, "grpa", 2, gpus=2)  # 7.20 running: 5 of its own, 2.20 borrowed
+    app = make_app(db_url)
+    try:
+        manager = app.test_client()
+        assert login(manager, "dana").status_code == 302
+        page = manager.get("/accounts/dept").get_data(as_text=True)
+        draws = re.findall(
+            r'data-testid="subaccount-(\w+)">.*?data-testid="subaccount-pool-draw">([0-9.]+)<', page, re.S
+        )
+        assert draws == [("grpa", "2.20"), ("grpc", "1.80")]
+    finally:
+        app.extensions["gpucredit.engine"].dispose()
