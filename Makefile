@@ -54,6 +54,7 @@ bench: venv
 	$(BIN)/python -m bench.meter_tick --holds 20000,50000 --workers 1
 	$(BIN)/python -m bench.bridge --runs 100000
 	$(BIN)/python -m bench.balance
+	$(BIN)/python -m bench.pool_cycles
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
 	$(BIN)/python -m bench.portal_load
 	$(BIN)/python -m bench.portal_logins
