@@ -270,9 +270,16 @@ def return_unused(
     The lenders are locked here, after the borrower: such a lock can cross a hold that
     locks the same two in id order; PostgreSQL then fails one of them (a deadlock) and
     the caller retries, as for the daemon's batches (ledger.holds.batch.lock_batch)."""
-    spare = [g for g in grants if g.source == "pool" and g.free_ucredits > 0 and g.active_at(at)]
+    # A run's end can precede its loan by a fraction of a second (Slurm's StartTime is whole
+    # seconds; the loan is made at the hold's own time): the return is never dated before it.
+    spare = [
+        g
+        for g in grants
+        if g.source == "pool" and g.free_ucredits > 0 and g.active_at(max(at, g.effective_at))
+    ]
     if not spare:
         return 0
+    at = max(at, *(g.effective_at for g in spare))
     loans = s.execute(
         select(pool_loans_t).where(
             pool_loans_t.c.grant_id.in_([g.id for g in spare]),

@@ -300,3 +300,28 @@ def test_the_dashboard_shows_a_department_manager_each_childs_pool_draw(
         assert draws == [("grpa", "2.20"), ("grpc", "1.80")]
     finally:
         app.extensions["gpucredit.engine"].dispose()
+
+
+def test_a_run_that_ended_before_its_loan_was_dated_still_gives_it_back(tx: Callable[[], Any]) -> None:
+    """Slurm's StartTime is whole seconds: a job cancelled at once settles 0 s at its start,
+    a fraction of a second before the hold (and its loan) was taken."""
+    with tx() as s:
+        seed(s)
+    with tx() as s:
+        held = api.create_hold(
+            s,
+            api.HoldRequest(
+                "grpc",
+                user="alice",
+                job_id=9,
+                gpus="h100:1",
+                seconds=HOUR,
+                at=AT + timedelta(microseconds=400_000),
+                started_at=AT,
+            ),
+        )
+        api.settle_hold(s, held.id, 0, AT)
+    with tx() as s:
+        assert (available(s, "dept"), available(s, "grpc")) == ("100.00", "0.00")
+        assert api.pool_uses(s) == {("dept", "grpc"): 0}
+        assert api.verify(s).ok
