@@ -3,28 +3,36 @@
 Both on one PostgreSQL server in this one run, so the ratio is meaningful on whatever
 machine runs it. Flat: 64 funded top-level accounts. Pooled: 64 siblings with no credit
 of their own under one parent whose pool is on, so every hold borrows from the parent
-and every settle gives the rest back. N worker processes cycle over the 64 accounts,
-one transaction per call (the ledger's own functions, as the CLI and the portal call
-them).
+and every settle gives the rest back. Two paths, as bench/ledger_throughput.py measures:
 
-    .venv/bin/python -m bench.pool_cycles [--workers 4] [--seconds 10]
+- daemon (the real one): a `gpucredit daemon` driven by N hook clients (the prolog's
+  hold and the epilog's settle over its socket), applied in batches (group commit);
+- direct: N worker processes, one transaction per call (the ledger's own functions, as
+  the CLI and the portal call them).
+
+    .venv/bin/python -m bench.pool_cycles [--clients 32] [--workers 4] [--seconds 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench.goals import report
+from bench.ledger_throughput import daemon_process, hook_requests
 from ledger import api
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.schema import upgrade
+from slurm_hooks.client import DaemonClient
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 SIBLINGS = 64
@@ -42,6 +50,7 @@ def setup(database: str, pooled: bool) -> None:
     upgrade(engine)
     with make_sessionmaker(engine)() as s, s.begin():
         api.set_price(s, "h100", "3.60", effective_at=EPOCH)
+        api.set_price(s, "a100", "2.00", effective_at=EPOCH)  # the hooks' requests ask for both
         api.create_account(s, "dept")
         api.topup(s, "dept", "100000000", effective_at=EPOCH)
         for i in range(SIBLINGS):
@@ -103,15 +112,75 @@ def cycles_per_second(pooled: bool, workers: int, seconds: float) -> float:
             c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
 
 
+def daemon_client(socket_path: str, index: int, seconds: float, barrier, results) -> None:  # type: ignore[no-untyped-def]
+    client = DaemonClient(socket_path, 30.0)
+    done = failed = 0
+    job_id = (index + 1) * 10**7
+    barrier.wait()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        job_id += 1
+        hold, settle = hook_requests(f"kid{job_id % SIBLINGS}", job_id)
+        try:
+            client.call("hold", **hold)
+            client.call("settle", **settle)
+            done += 1
+        except Exception as error:  # counted: the figure says how many failed
+            failed += 1
+            if failed <= 3:
+                print(f"client {index}: {error}", file=sys.stderr, flush=True)
+    results.put((done, failed, time.perf_counter() - start))
+
+
+def daemon_cycles_per_second(pooled: bool, clients: int, seconds: float) -> tuple[float, int]:
+    database = f"bench_pool_{uuid.uuid4().hex[:8]}"
+    setup(database, pooled)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
+            daemon_process(database, Path(workdir), 64, 1, weighted=False) as served,
+        ):
+            ctx = mp.get_context("fork")
+            barrier, results = ctx.Barrier(clients), ctx.Queue()
+            procs = [
+                ctx.Process(target=daemon_client, args=(served[0], i, seconds, barrier, results))
+                for i in range(clients)
+            ]
+            for p in procs:
+                p.start()
+            outcomes = [results.get(timeout=seconds + 120) for _ in procs]
+            for p in procs:
+                p.join()
+        engine = make_engine(_url(database))
+        with make_sessionmaker(engine)() as s:
+            assert api.verify(s).ok
+        engine.dispose()
+        rate = sum(done for done, _, _ in outcomes) / max(elapsed for _, _, elapsed in outcomes)
+        return rate, sum(failed for _, failed, _ in outcomes)
+    finally:
+        with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=32, help="daemon clients (hook processes at once)")
+    parser.add_argument("--workers", type=int, default=4, help="direct-to-ledger processes")
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    flat = cycles_per_second(False, args.workers, args.seconds)
-    pooled = cycles_per_second(True, args.workers, args.seconds)
-    print(f"flat: {flat:.0f} cycles/s; {SIBLINGS} siblings on one pool: {pooled:.0f} cycles/s")
-    report("pools: pooled ÷ flat hold+settle cycles/s", pooled / flat, goal=0.8, must=0.5)
+    flat, flat_failed = daemon_cycles_per_second(False, args.clients, args.seconds)
+    pooled, pooled_failed = daemon_cycles_per_second(True, args.clients, args.seconds)
+    print(
+        f"daemon  {args.clients} clients: flat {flat:.0f} cycles/s ({flat_failed} failed); "
+        f"{SIBLINGS} siblings on one pool {pooled:.0f} cycles/s ({pooled_failed} failed)"
+    )
+    direct_flat = cycles_per_second(False, args.workers, args.seconds)
+    direct_pooled = cycles_per_second(True, args.workers, args.seconds)
+    print(f"direct  {args.workers} processes: flat {direct_flat:.0f}; pooled {direct_pooled:.0f} cycles/s")
+    report("pools: daemon pooled ÷ flat hold+settle cycles/s", pooled / flat, goal=0.8, must=0.5)
+    report(
+        "pools: direct pooled ÷ flat hold+settle cycles/s", direct_pooled / direct_flat, goal=0.8, must=0.25
+    )
 
 
 if __name__ == "__main__":

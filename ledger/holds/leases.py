@@ -26,9 +26,10 @@ from datetime import datetime
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ledger.books.accounts import lock_account
+from ledger.books.accounts import lock_account, lock_accounts
 from ledger.books.grants import available_now, load_grants, save_grants, take_free
 from ledger.books.journal import EntryDraft, Leg, post_many
+from ledger.books.pools import borrow, lenders, room_for
 from ledger.errors import InvalidInput, LimitExceeded
 from ledger.holds.request import lease_window
 from ledger.holds.state import HoldState, hold_query, to_state
@@ -115,10 +116,14 @@ def renew_leases(
     skipped. A renewal that the credit or a limit (`check_limits`: daily cap, ...)
     refuses changes nothing and is returned with `refused` set.
     """
-    account = lock_account(s, account_name)
     wanted = {hold_id: (seconds, at) for hold_id, seconds, at in renewals}
     if not wanted:
         return []
+    # An account that borrows from pools renews from them too: its lenders are locked
+    # with it, in id order (ledger.books.pools).
+    chain = lenders(s, account_name)
+    locked = {a.name: a for a in lock_accounts(s, [account_name, *chain]).values()} if chain else {}
+    account = locked[account_name] if account_name in locked else lock_account(s, account_name)
     holds = [
         to_state(row)
         for row in s.execute(
@@ -149,6 +154,14 @@ def renew_leases(
             done.append(Renewal(hold, extra, exc.details.get("limit", exc.code), exc.message))
             continue
         available = available_now(grants, account, at)
+        if extra > available and chain:
+            room = room_for(s, account_name, at)
+            if extra - available <= room.ucredits:
+                save_grants(s, grants)  # this round's earmarks so far, before the loan reads them
+                memo = {"job": f"{hold.cluster}/{hold.job_id}/{hold.run}", "renew": True}
+                borrow(s, locked, account_name, extra - available, at, user=hold.user, memo=memo)
+                grants = load_grants(s, account.id)
+                available = available_now(grants, account, at)
         if extra > available:
             done.append(
                 Renewal(

@@ -1,6 +1,7 @@
 """An account manager's (PI's) page for their own account: its members and their roles,
-each member's caps, and, read-only, the account's own caps and grants (an admin sets
-those). Who may enter is checked once for the whole blueprint (`blueprints`).
+each member's caps, credit moved into the accounts below it and whether they may draw on
+it (its pool), and, read-only, the account's own caps and grants (an admin sets those).
+Who may enter is checked once for the whole blueprint (`blueprints`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from flask import flash, redirect, render_template, url_for
 
 from ledger import api
 from ledger.errors import InvalidInput, LedgerError
+from ledger.money import format_credits
 from portal.admin import forms
 from portal.admin.blueprints import manage_bp
+from portal.api.transfers import may_transfer
 from portal.auth import Forbidden, principal
 from portal.store import transaction
 
@@ -23,12 +26,19 @@ def manage_page(account: str, failed: str | None = None, error: LedgerError | No
         balance = api.balance(s, account)
         members = api.member_roles(s, account)
         limits = api.show_limits(s, account)
+        below = api.subtree(api.account_parents(s), account)[1:]
+        pool = api.pool_settings(s).get(account)
     return render_template(
         "admin/manage.html",
         account=account,
         balance=balance,
         members=members,
         limits=limits,
+        below=below,
+        pool=pool,
+        pool_cap=None
+        if pool is None or pool.child_cap_ucredits is None
+        else format_credits(pool.child_cap_ucredits),
         failed=failed,
         error=error,
     ), (error.http_status if error else 200)
@@ -73,3 +83,46 @@ def set_limits(account: str) -> Any:
     except LedgerError as error:
         return manage_page(account, failed="limits", error=error)
     return _done(account, f"Caps of {user} in {account} saved.")
+
+
+@manage_bp.post("/transfer")
+def transfer(account: str) -> Any:
+    """Move this account's available credit into an account below it (or another one its
+    manager also manages): the rule of POST /api/v1/transfers, `may_transfer`."""
+    target = forms.text("to")
+    try:
+        with transaction() as s:
+            may_transfer(s, principal(), account, target)
+            result = api.transfer(
+                s,
+                account,
+                target,
+                forms.text("amount"),
+                expires_at=forms.optional_time("expires", "expiry"),
+                user=principal().user,
+                idempotency_key=forms.idempotency_key(),
+            )
+    except LedgerError as error:
+        return manage_page(account, failed="transfer", error=error)
+    return _done(account, f"Moved {result['amount']} credits from {account} to {target}.")
+
+
+@manage_bp.post("/pool")
+def set_pool(account: str) -> Any:
+    """Share this account's credit with the accounts below it, each up to a cap, or stop:
+    its managers' decision, as the credit is theirs."""
+    try:
+        with transaction() as s:
+            on = forms.text("pool") == "on"
+            result = api.set_pool(
+                s,
+                account,
+                on,
+                (forms.optional_text("child_cap") if on else None),
+                idempotency_key=forms.idempotency_key(),
+            )
+    except LedgerError as error:
+        return manage_page(account, failed="pool", error=error)
+    cap = f", each up to {result['child_cap']} credits" if result["child_cap"] else ""
+    shared = f"shared with the accounts below it{cap}" if on else "no longer shared"
+    return _done(account, f"{account}'s credit is {shared}.")

@@ -325,3 +325,28 @@ def test_a_run_that_ended_before_its_loan_was_dated_still_gives_it_back(tx: Call
         assert (available(s, "dept"), available(s, "grpc")) == ("100.00", "0.00")
         assert api.pool_uses(s) == {("dept", "grpc"): 0}
         assert api.verify(s).ok
+
+
+def test_a_lease_renews_from_the_pool_within_the_cap(tx: Callable[[], Any]) -> None:
+    """Lease mode: grpc's hold covers a 10-minute window (0.60), borrowed; at 9 minutes the
+    meter's renewal borrows the next window too, until the cap says no."""
+    with tx() as s:
+        seed(s, cap="1.50")
+    with tx() as s:
+        held = api.create_hold(
+            s,
+            api.HoldRequest(
+                "grpc", user="alice", job_id=5, gpus="h100:1", seconds=HOUR, at=AT, lease_seconds=600
+            ),
+        )
+        assert held.amount_ucredits == 600_000
+    with tx() as s:
+        [renewed] = api.renew_leases(s, "grpc", [(held.id, 540, AT + timedelta(seconds=540))])
+        assert (renewed.refused, renewed.extra_ucredits) == (None, 540_000)  # covers 1140 s: 1.14
+        assert api.pool_uses(s) == {("dept", "grpc"): 1_140_000}
+    with tx() as s:
+        [refused] = api.renew_leases(s, "grpc", [(held.id, 1080, AT + timedelta(seconds=1080))])
+        assert refused.refused == "credit"  # 1.68 in all would pass the 1.50 cap
+    with tx() as s:
+        assert available(s, "dept") == "98.86"
+        assert api.verify(s).ok
