@@ -80,10 +80,11 @@ class Site:
 
     def elapsed(self, job_id: int) -> int:
         """sacct's ElapsedRaw of the job's allocation (the box's own accounting)."""
-        out = self.ok("sacct", "-X", "-n", "-P", "-j", str(job_id), "--format", "ElapsedRaw,State")
-        elapsed, _, state = out.strip().partition("|")
-        assert state == "COMPLETED", out
-        return int(elapsed)
+        out = self.ok("sacct", "-X", "-n", "-P", "-j", str(job_id), "--format", "JobIDRaw,ElapsedRaw,State")
+        # A het job's part id lists every part: the line of this raw id.
+        (row,) = [line.split("|") for line in out.splitlines() if line.split("|")[0] == str(job_id)]
+        assert row[2] == "COMPLETED", out
+        return int(row[1])
 
     def done(self, *job_ids: int) -> bool:
         """Every job ended (squeue keeps a finished job a while, MinJobAge)."""
@@ -253,3 +254,34 @@ def test_limits_sync_is_the_grptres_sacctmgr_shows(site: Site) -> None:
     assert _grptres(site, account) == {"": set(), "alice": set(cap.split(","))}
     second = json.loads(site.ok("gpucredit", "limits", "sync", "--format", "json"))
     assert [c for c in second["changes"] if account in c["name"]] == []
+
+
+def test_heterogeneous_and_array_jobs_are_held_per_part_and_billed_exact(site: Site) -> None:
+    """squeue answers a het job's leader with every part and an array's first id with
+    every task (docs/slurm-facts.md §16): each part and task is held and settled once."""
+    payer = site.account("h", "50")
+    het, _ = site.submit(
+        payer, "-t", "2", "--gres=gpu:a100:1", ":", "-t", "2", "--gres=gpu:h100:1", "--wrap", "sleep 3"
+    )
+    array, _ = site.submit(payer, "-t", "2", "--array=0-1", "--gres=gpu:a100:1", "--wrap", "sleep 3")
+    wait_for("both jobs to end", lambda: site.done(het, array), timeout=120)
+    raw = site.ok("sacct", "-X", "-n", "-P", "-j", f"{het},{array}", "--format", "JobIDRaw,JobID,State")
+    parts = {int(line.split("|")[0]): line.split("|")[1] for line in raw.splitlines()}
+    assert sorted(parts.values()) == sorted([f"{het}+0", f"{het}+1", f"{array}_0", f"{array}_1"]), raw
+    holds = wait_for(
+        "every part's settlement",
+        lambda: (h := site.holds(payer)) and all(h.get(j, {}).get("state") == "settled" for j in parts) and h,
+    )
+    gpus = {
+        f"{het}+0": {"a100": 1},
+        f"{het}+1": {"h100": 1},
+        f"{array}_0": {"a100": 1},
+        f"{array}_1": {"a100": 1},
+    }
+    for job_id, display in parts.items():
+        want = gpus[display]
+        text = ",".join(f"{t}:{n}" for t, n in want.items())
+        assert (holds[job_id]["gpus"], holds[job_id]["amount"]) == (text, _charge(want, 120)), display
+        assert holds[job_id]["charged"] == _charge(want, site.elapsed(job_id)), display
+    report = site.bridge()
+    assert [r for r in report["runs"] if int(r["job"].split("/")[1]) in parts] == []
