@@ -25,7 +25,10 @@ With `-d`, one `Nodes=... CPU_IDs=... Mem=... GRES=...` group follows
 `JOB_GRES=` per set of nodes with identical allocations; `Nodes=` may be a
 hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
 `gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)`. Those groups are only read between
-`TRES=` and `MinCPUsNode=`, where no free text can appear.
+`JOB_GRES=` and `MinCPUsNode=`, where no free text can appear. `parse_node_gpus`, the
+node hooks' reader, needs only those and `JobId=` to be unambiguous: a name spelling
+other keys (22.05 prints `TRES=`, 26.05 the name again in `SubmitLine=`) leaves the
+indices readable on every version.
 """
 
 from __future__ import annotations
