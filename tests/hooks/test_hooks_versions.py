@@ -22,12 +22,12 @@ import pytest
 
 from slurm_hooks.hooks import main
 from slurm_hooks.squeue import squeue_argv
-from tests.slurmtext.test_recorded_versions import TWO_NODES, VERSIONS, allocated
 from tests.support import FIXTURES
 from tests.support.fake_slurm import hold_object, ok, show
 from tests.support.fakedaemon import FakeDaemon, Responder
 from tests.support.fakedaemon import fake_daemon as fake_daemon
 from tests.support.fakedaemon import sockdir as sockdir
+from tests.support.recorded_versions import TWO_NODES, VERSIONS, allocated
 
 LATER = datetime(2027, 1, 1, tzinfo=UTC)  # the hooks' clock: after every recorded run
 _SLURM_VARIABLE = re.compile(r"(SLURM[A-Z_]*)=(.*)")

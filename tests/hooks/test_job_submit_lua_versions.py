@@ -4,7 +4,7 @@ tests/fixtures/slurm-<version>/job_desc.json holds, per recorded submission, eve
 job_desc field a debug job_submit.lua read inside that version's slurmctld. Here the
 real script reads those fields (as userdata: by name only), sends its `submit` request
 to a fake daemon, and the daemon's parser must read the same figures from it on every
-version as from the recording itself (tests/slurmtext/test_recorded_versions.py).
+version as from the recording itself (tests/support/recorded_versions.py).
 Needs lua5.1 and lua-socket, as tests/hooks/test_job_submit_lua.py.
 """
 
@@ -18,19 +18,19 @@ from pathlib import Path
 import pytest
 
 from job_submit.request import parse_submit
-from tests.hooks.test_job_submit_lua import _lua_problem, decision, run_script
-from tests.slurmtext.test_recorded_versions import SUBMITTED, VERSIONS
 from tests.support import FIXTURES
 from tests.support.fakedaemon import FakeDaemon, Responder
 from tests.support.fakedaemon import fake_daemon as fake_daemon
 from tests.support.fakedaemon import sockdir as sockdir
+from tests.support.lua_job_submit import decision, lua_problem, run_script
+from tests.support.recorded_versions import SUBMITTED, VERSIONS
 
 RECORDER_KEYS = ("pairs", "submit_uid")  # the dump's own notes, not job_desc fields
 
 
 @pytest.fixture(scope="module", autouse=True)
 def lua_available() -> None:
-    problem = _lua_problem()
+    problem = lua_problem()
     if problem is None:
         return
     if os.environ.get("CI"):

@@ -24,8 +24,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -77,6 +78,11 @@ class Site:
         """This account's holds by job id (one run each here)."""
         text = self.ok("gpucredit", "hold", "list", "--account", account, "--format", "csv")
         return {int(row["job_id"]): row for row in csv.DictReader(io.StringIO(text))}
+
+    def settled(self, account: str, job_ids: Iterable[int]) -> dict[int, dict[str, str]]:
+        """The account's holds once every one of `job_ids` has a settled one, else {}."""
+        holds = self.holds(account)
+        return holds if all(holds.get(j, {}).get("state") == "settled" for j in job_ids) else {}
 
     def elapsed(self, job_id: int) -> int:
         """sacct's ElapsedRaw of the job's allocation (the box's own accounting)."""
@@ -166,10 +172,7 @@ def test_a_forged_row_in_a_name_or_comment_charges_nobody_and_a_gpu_job_keeps_it
     )
     assert f"gpucredit: ~{_charge({'a100': 1}, 60)} credits (1×a100 × 1 min)" in said
     wait_for("both jobs to end", lambda: site.done(cpu_job, gpu_job))
-    hold = wait_for(
-        "the GPU job's settlement",
-        lambda: (h := site.holds(attacker).get(gpu_job)) and h["state"] == "settled" and h,
-    )
+    hold = wait_for("the GPU job's settlement", lambda: site.settled(attacker, [gpu_job]))[gpu_job]
     assert (hold["gpus"], hold["amount"]) == ("a100:1", "0.033333")
     assert hold["charged"] == _charge({"a100": 1}, site.elapsed(gpu_job))
     assert cpu_job not in site.holds(attacker)  # no GPU: no hold
@@ -207,11 +210,8 @@ def test_per_task_and_two_node_jobs_are_billed_for_every_gpu_to_the_micro_credit
         quote = f"gpucredit: ~{_charge(gpus, 120)} credits ({count}×{gpu_type} × 2 min)"
         assert quote in said, (options, said)
         jobs[job] = gpus
-        wait_for(f"job {job} to end", lambda job=job: site.done(job))  # two nodes each: one at a time
-    holds = wait_for(
-        "every job's settlement",
-        lambda: (h := site.holds(payer)) and all(h.get(j, {}).get("state") == "settled" for j in jobs) and h,
-    )
+        wait_for(f"job {job} to end", partial(site.done, job))  # two nodes each: one at a time
+    holds = wait_for("every job's settlement", lambda: site.settled(payer, jobs))
     for job, gpus in jobs.items():
         text = ",".join(f"{gpu_type}:{count}" for gpu_type, count in sorted(gpus.items()))
         assert (holds[job]["gpus"], holds[job]["amount"]) == (text, _charge(gpus, 120)), job
@@ -268,10 +268,7 @@ def test_heterogeneous_and_array_jobs_are_held_per_part_and_billed_exact(site: S
     raw = site.ok("sacct", "-X", "-n", "-P", "-j", f"{het},{array}", "--format", "JobIDRaw,JobID,State")
     parts = {int(line.split("|")[0]): line.split("|")[1] for line in raw.splitlines()}
     assert sorted(parts.values()) == sorted([f"{het}+0", f"{het}+1", f"{array}_0", f"{array}_1"]), raw
-    holds = wait_for(
-        "every part's settlement",
-        lambda: (h := site.holds(payer)) and all(h.get(j, {}).get("state") == "settled" for j in parts) and h,
-    )
+    holds = wait_for("every part's settlement", lambda: site.settled(payer, parts))
     gpus = {
         f"{het}+0": {"a100": 1},
         f"{het}+1": {"h100": 1},
