@@ -49,6 +49,8 @@ test: venv lint typecheck
 # figure (bench/goals.py): `make bench 2>&1 | grep '^goal '` is the table. The hooks'
 # bench needs root and the Slurm box (`make slurm-up`); BENCH_SLURM=0 skips it.
 BENCH_SLURM ?= 1
+# The chroot boxes bench.slurm_versions measures too (their roots: python -m slurmbox rootfs).
+BENCH_SLURM_VERSIONS ?= 24.11 26.05
 bench: venv
 	$(BIN)/python -m bench.ledger_throughput
 	$(BIN)/python -m bench.meter_tick --holds 20000,50000 --workers 1
@@ -56,6 +58,7 @@ bench: venv
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.pool_cycles
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
+	$(if $(filter 0 no false,$(BENCH_SLURM))$(if $(BENCH_SLURM_VERSIONS),,none),,flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_versions --slurm $(BENCH_SLURM_VERSIONS))
 	$(BIN)/python -m bench.portal_load
 	$(BIN)/python -m bench.portal_logins
 

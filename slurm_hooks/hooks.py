@@ -53,7 +53,7 @@ from slurm_hooks.client import (
     DaemonUnreachable,
 )
 from slurm_hooks.jobinfo import JobInfo
-from slurm_hooks.scontrol import parse_job
+from slurm_hooks.scontrol import parse_node_gpus
 from slurm_hooks.squeue import parse_jobs, squeue_argv
 from slurmtext import SlurmTextError, comment_text, expand_hostlist, expand_output_path
 
@@ -479,10 +479,10 @@ class _Hook:
     def client(self) -> DaemonClient:
         return DaemonClient(self.config.socket_paths, self.config.timeout_seconds)
 
-    def show_job(self) -> JobInfo:
+    def node_gpus(self) -> dict[str, dict[int, str]]:
         """The node hooks' read: `scontrol show job -d`, for each node's GPU indices."""
         text = self.run([self.config.scontrol, "show", "job", "-d", "-o", str(self.job_id)])
-        return parse_job(text, job_id=self.job_id, tz=self.tz)
+        return parse_node_gpus(text, self.job_id)
 
     def read_job(self) -> tuple[JobInfo, list[JobInfo]]:
         """This run's job as squeue has it, and the parts held with it: every part of
@@ -718,13 +718,13 @@ class _Hook:
             self.log("SLURMD_NODENAME not set; nothing registered")
             return 0
         try:
-            job = self.show_job()
+            node_gpus = self.node_gpus()
         except (CommandError, SlurmTextError) as e:
             self.log(f"scontrol failed ({e}); GPUs of node {node} not registered")
             return 0
         # Index -> type from scontrol: node-hook SLURM_JOB_GPUS is wrong for
         # jobs with two GPU types in 22.05.
-        gpus = job.node_gpus.get(node, {})
+        gpus = node_gpus.get(node, {})
         if not gpus:
             self.log(f"no GPUs on node {node}; nothing registered")
             return 0
@@ -758,7 +758,7 @@ class _Hook:
         if gpus is None:
             source = "no registry file"
             try:
-                gpus = self.show_job().node_gpus.get(node, {})
+                gpus = self.node_gpus().get(node, {})
             except (CommandError, SlurmTextError) as e:
                 self.log(f"no registry file and scontrol failed ({e}); nothing to unregister")
                 return 0

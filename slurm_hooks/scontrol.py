@@ -25,7 +25,10 @@ With `-d`, one `Nodes=... CPU_IDs=... Mem=... GRES=...` group follows
 `JOB_GRES=` per set of nodes with identical allocations; `Nodes=` may be a
 hostlist (`node[1-2]`) and `GRES=` carries node-local indices, e.g.
 `gpu:a100:1(IDX:0),gpu:h100:1(IDX:2)`. Those groups are only read between
-`TRES=` and `MinCPUsNode=`, where no free text can appear.
+`JOB_GRES=` and `MinCPUsNode=`, where no free text can appear. `parse_node_gpus`, the
+node hooks' reader, needs only those and `JobId=` to be unambiguous: a name spelling
+other keys (22.05 prints `TRES=`, 26.05 the name again in `SubmitLine=`) leaves the
+indices readable on every version.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from slurmtext import (
     parse_tres,
 )
 
-__all__ = ["UNTYPED_GPU", "JobInfo", "ScontrolParseError", "parse_job", "parse_line"]
+__all__ = ["UNTYPED_GPU", "JobInfo", "ScontrolParseError", "parse_job", "parse_line", "parse_node_gpus"]
 
 # What the hooks catch: every malformed value is slurmtext's error, and so is an
 # ambiguous or unusable line (one error type for all of Slurm's text).
@@ -209,6 +212,26 @@ def _node_groups(pairs: list[tuple[str, str]]) -> dict[str, dict[int, str]]:
             for node in current:
                 node_gpus[node].update(by_index)
     return {node: gpus for node, gpus in node_gpus.items() if gpus}
+
+
+def parse_node_gpus(text: str, job_id: int) -> dict[str, dict[int, str]]:
+    """Each node's GPU indices and types for `job_id`: all the node hooks read.
+
+    Only the keys this reads must be unique: the record's `JobId=` and `JOB_GRES=` (the
+    groups follow it, up to `MinCPUsNode=`, with no free text between). A job name that
+    spells `TRES=` or `AdminComment=` leaves the indices readable on every version,
+    where parse_job refuses the whole record: 22.05 prints `TRES=` itself, 26.05 prints
+    the name twice (`JobName=` and `SubmitLine=`), 24.11 neither (docs/slurm-facts.md §16).
+    """
+    pairs = parse_line(_select_record(text, job_id))
+    if _int_or_none(pairs[0][1]) != job_id:
+        raise ScontrolParseError(f"scontrol answered for {pairs[0][0]}={pairs[0][1]}, not job {job_id}")
+    if sum(1 for key, _ in pairs if key == "JOB_GRES") > 1:
+        raise ScontrolParseError(
+            "ambiguous scontrol output: JOB_GRES appears more than once "
+            "(a job name or comment containing 'JOB_GRES=' text?)"
+        )
+    return _node_groups(pairs)
 
 
 def parse_job(text: str, job_id: int | None = None, tz: tzinfo | None = None) -> JobInfo:

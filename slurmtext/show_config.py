@@ -57,6 +57,9 @@ def billing_notes(settings: Mapping[str, str]) -> list[str]:
         notes.append(f"Slurm {version} is not a release gpucredit is tested on ({tested})")
     if not devices_constrained(settings):
         plugin, constrain = settings.get("TaskPlugin", "unset"), settings.get("ConstrainDevices", "unset")
+        # No task plugin configured: 22.05 prints `task/none`, 24.11 and 26.05 `(null)`
+        # (docs/slurm-facts.md §16). One name for it, so the note reads alike everywhere.
+        plugin = "task/none" if plugin == "(null)" else plugin
         notes.append(
             f"devices are not constrained (TaskPlugin {plugin}, ConstrainDevices {constrain}):"
             " a job that asked for no GPU can use one unbilled; set TaskPlugin=task/cgroup and, in"
