@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, or_, select, text
+from sqlalchemy import Integer, or_, select, text, union
 from sqlalchemy.orm import Session
 
 from ledger.books.accounts import lock_accounts, lock_query, no_account
@@ -515,7 +515,24 @@ class _Queries:
             return bulk_among(column, name, postgres)
 
         self.allocations = select(allocations_t).where(among(allocations_t.c.hold_id, "holds"))
-        self.limits = select(limits_t.c.account_id).where(among(limits_t.c.account_id, "accounts")).distinct()
+        # Accounts with caps, and, where an account with children has caps (a cap on a
+        # subtree), every account in a tree: create_hold checks those (ledger.limits.rules).
+        child = accounts_t.alias("child")
+        parent_capped = (
+            select(limits_t.c.account_id)
+            .where(select(child.c.id).where(child.c.parent_id == limits_t.c.account_id).exists())
+            .exists()
+        )
+
+        def capped_among(accounts: Any) -> Any:
+            return union(
+                select(limits_t.c.account_id).where(accounts(limits_t.c.account_id)),
+                select(accounts_t.c.id.label("account_id")).where(
+                    accounts(accounts_t.c.id), accounts_t.c.parent_id.is_not(None), parent_capped
+                ),
+            )
+
+        self.limits = capped_among(lambda column: among(column, "accounts"))
         # Every hold of some jobs (the unique index), whatever their state; and their accounts.
         of_jobs = among_pairs(holds_t.c.cluster, holds_t.c.job_id, "runs", postgres)
         self.jobs = hold_query().where(of_jobs)
@@ -543,9 +560,7 @@ class _Queries:
         )
         job_holds = select(holds_t.c.id).where(of_jobs)
         self.job_allocations = select(allocations_t).where(allocations_t.c.hold_id.in_(job_holds))
-        self.named_limits = (
-            select(limits_t.c.account_id).where(limits_t.c.account_id.in_(locked_ids)).distinct()
-        )
+        self.named_limits = capped_among(lambda column: column.in_(locked_ids))
         touched_by_jobs = select(allocations_t.c.grant_id).where(allocations_t.c.hold_id.in_(job_holds))
         self.named_grants = select(grants_t).where(
             grants_t.c.account_id.in_(locked_ids),

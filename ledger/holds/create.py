@@ -21,7 +21,7 @@ from ledger.books.pools import Room, borrow, lenders, room_for
 from ledger.errors import Conflict, InsufficientCredits, InvalidInput, LedgerError
 from ledger.holds.request import CheckedHoldRequest, HoldRequest
 from ledger.holds.state import HoldState, find_hold
-from ledger.limits.rules import check_limits
+from ledger.limits.rules import capped_ancestors, check_limits, check_subtree_limits
 from ledger.money import charge_for, format_credits
 from ledger.pricing.prices import format_gpus, rate_for
 from ledger.store.models import HoldStatus
@@ -156,7 +156,9 @@ def create_hold(s: Session, request: HoldRequest) -> HoldState:
     """
     req = request.checked()
     chain = lenders(s, req.account)
-    locked = {a.name: a for a in lock_accounts(s, [req.account, *chain]).values()} if chain else {}
+    above = capped_ancestors(s, req.account)
+    others = [*chain, *above]  # lenders and capped parents: locked with it, in id order
+    locked = {a.name: a for a in lock_accounts(s, [req.account, *others]).values()} if others else {}
     account = locked[req.account] if req.account in locked else lock_account(s, req.account)
     existing = same_run(s, req.cluster, req.job_id, req.run, req.submitted_at, req.digest)
     if existing is not None:
@@ -164,6 +166,8 @@ def create_hold(s: Session, request: HoldRequest) -> HoldState:
     rate, unit_prices = rate_for(s, req.gpus, req.partition, req.at)
     amount = hold_amount(req, rate)
     check_limits(s, account, req.user, sum(req.gpus.values()), rate, amount, req.at)
+    if above:
+        check_subtree_limits(s, req.account, req.user, sum(req.gpus.values()), rate, amount, req.at)
     grants = load_grants(s, account.id)
     if chain:
         grants = _borrow_for(s, locked, req, amount, grants)

@@ -33,7 +33,7 @@ from ledger.books.pools import borrow, lenders, room_for
 from ledger.errors import InvalidInput, LimitExceeded
 from ledger.holds.request import lease_window
 from ledger.holds.state import HoldState, hold_query, to_state
-from ledger.limits.rules import check_limits
+from ledger.limits.rules import capped_ancestors, check_limits, check_subtree_limits
 from ledger.money import charge_for, format_credits
 from ledger.store.models import HoldStatus
 from ledger.store.tables import allocations_t, holds_t
@@ -119,10 +119,12 @@ def renew_leases(
     wanted = {hold_id: (seconds, at) for hold_id, seconds, at in renewals}
     if not wanted:
         return []
-    # An account that borrows from pools renews from them too: its lenders are locked
-    # with it, in id order (ledger.books.pools).
+    # An account that borrows from pools renews from them too, and a cap on an account
+    # above it counts the renewal: those accounts are locked with it, in id order.
     chain = lenders(s, account_name)
-    locked = {a.name: a for a in lock_accounts(s, [account_name, *chain]).values()} if chain else {}
+    above = capped_ancestors(s, account_name)
+    others = [*chain, *above]
+    locked = {a.name: a for a in lock_accounts(s, [account_name, *others]).values()} if others else {}
     account = locked[account_name] if account_name in locked else lock_account(s, account_name)
     holds = [
         to_state(row)
@@ -150,6 +152,8 @@ def renew_leases(
             continue
         try:
             check_limits(s, account, hold.user, 0, 0, extra, at)
+            if above:
+                check_subtree_limits(s, account_name, hold.user, 0, 0, extra, at)
         except LimitExceeded as exc:
             done.append(Renewal(hold, extra, exc.details.get("limit", exc.code), exc.message))
             continue

@@ -19,37 +19,41 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from ledger.books.journal import REVENUE, LockedAccount
+from ledger.books.tree import account_parents, ancestors, subtree
 from ledger.errors import LimitExceeded
 from ledger.limits.caps import Limits, limits_of
 from ledger.money import format_credits, format_rate
 from ledger.store.models import HoldStatus
 from ledger.store.sums import joined, split_sum
-from ledger.store.tables import entries_t, holds_t, limits_t, postings_t
+from ledger.store.tables import accounts_t, entries_t, holds_t, limits_t, postings_t
 from ledger.timeutil import day_bounds
 
 
-def _usage_of_active_holds(s: Session, account_id: int, user: str | None) -> tuple[int, int, int]:
-    """(GPUs, rate per hour, uncharged held credit) of the active holds of an account or user."""
+def _usage_of_active_holds(s: Session, account_id: int | list[int], user: str | None) -> tuple[int, int, int]:
+    """(GPUs, rate per hour, uncharged held credit) of the active holds of an account (or
+    several: a subtree) or of a user in it."""
+    ids = account_id if isinstance(account_id, list) else [account_id]
     uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
     query = select(
         func.coalesce(func.sum(holds_t.c.gpu_count), 0),
         *split_sum(holds_t.c.rate_ucredits_per_hour),
         *split_sum(case((uncharged > 0, uncharged), else_=0)),
-    ).where(holds_t.c.account_id == account_id, holds_t.c.state == HoldStatus.ACTIVE)
+    ).where(holds_t.c.account_id.in_(ids), holds_t.c.state == HoldStatus.ACTIVE)
     if user is not None:
         query = query.where(holds_t.c.user == user)
     gpus, rate_high, rate_low, held_high, held_low = s.execute(query).one()
     return int(gpus), joined(rate_high, rate_low), joined(held_high, held_low)
 
 
-def spent_on_day(s: Session, account_id: int, user: str | None, at: datetime) -> int:
-    """Charges (net of refunds) effective on `at`'s UTC day."""
+def spent_on_day(s: Session, account_id: int | list[int], user: str | None, at: datetime) -> int:
+    """Charges (net of refunds) effective on `at`'s UTC day, in an account (or several)."""
+    ids = account_id if isinstance(account_id, list) else [account_id]
     start, end = day_bounds(at)
     query = (
         select(*split_sum(postings_t.c.amount_ucredits))
         .join(entries_t, entries_t.c.id == postings_t.c.entry_id)
         .where(
-            entries_t.c.account_id == account_id,
+            entries_t.c.account_id.in_(ids),
             postings_t.c.account_id == REVENUE,
             entries_t.c.effective_at >= start,
             entries_t.c.effective_at < end,
@@ -141,6 +145,59 @@ def check_limits(
     )
     if breach is not None:
         raise breach
+
+
+def capped_ancestors(s: Session, account: str) -> list[str]:
+    """The accounts above `account` with caps of their own, nearest first: a cap set on a
+    parent caps its whole subtree. One cheap read (caps on accounts that have children)
+    where no parent is capped."""
+    parent = accounts_t.alias("parent")
+    child = accounts_t.alias("child")
+    capped = set(
+        s.execute(
+            select(parent.c.name)
+            .join(limits_t, limits_t.c.account_id == parent.c.id)
+            .where(select(child.c.id).where(child.c.parent_id == parent.c.id).exists())
+        ).scalars()
+    )
+    if not capped:
+        return []
+    return [name for name in ancestors(account_parents(s), account) if name in capped]
+
+
+def check_subtree_limits(
+    s: Session, account: str, user: str, gpu_count: int, rate: int, amount: int, at: datetime
+) -> None:
+    """Refuse a new hold of `account` that would break a cap set on an account above it,
+    counting what runs (and was spent today) anywhere in that account's subtree. The
+    caller holds the locks of `account` and of those ancestors (`capped_ancestors`), so
+    two jobs in sibling accounts cannot both pass a parent's cap."""
+    for name in capped_ancestors(s, account):
+        ancestor = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == name)).scalar_one()
+        caps = limits_of(s, ancestor, user)
+        ids = list(
+            s.execute(
+                select(accounts_t.c.id).where(accounts_t.c.name.in_(subtree(account_parents(s), name)))
+            ).scalars()
+        )
+
+        def usage(who: str | None, ids: list[int] = ids, caps: dict[str | None, Limits] = caps) -> Usage:
+            gpus, rate_now, held = _usage_of_active_holds(s, ids, who)
+            daily = caps[who].daily_cap_ucredits is not None
+            return Usage(gpus, rate_now, held, spent_on_day(s, ids, who, at) if daily else 0)
+
+        breach = limit_breach(
+            caps,
+            usage,
+            account=f"{name} (with the accounts below it)",
+            user=user,
+            gpu_count=gpu_count,
+            rate=rate,
+            amount=amount,
+        )
+        if breach is not None:
+            breach.details["account"] = name
+            raise breach
 
 
 def limit_breach(

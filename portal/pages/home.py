@@ -78,6 +78,11 @@ def _subtree_rows(s: Any, account: str) -> list[dict[str, Any]]:
     depth = dict(api.tree_order(parents))
     below = api.subtree(parents, account)[1:]
     used = api.pool_uses(s, below)
+    month = utcnow().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    spent = {
+        row["account"]: row["charged"]
+        for row in api.usage_report(s, account=account, subtree=True, by="account", start=month)
+    }
     rows = []
     for name in below:
         figures = api.balance(s, name)
@@ -88,6 +93,7 @@ def _subtree_rows(s: Any, account: str) -> list[dict[str, Any]]:
                 "depth": depth[name] - depth[account],
                 "available": figures["available"],
                 "held": figures["held"],
+                "spent": spent.get(name, "0.00"),  # this month, running jobs so far included
                 # what it used of its parent's pool (held or spent, not given back)
                 "pool_draw": format_credits(used.get((parents[name] or "", name), 0)),
             }

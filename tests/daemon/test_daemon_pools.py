@@ -77,3 +77,22 @@ def test_the_prolog_hold_borrows_and_the_epilog_settle_gives_back(client: Daemon
         client.call("hold", **{**job, "job_id": 42}, gpus={"h100": 2}, seconds=3 * 3600, nodes=1)
     assert refused.value.code == "insufficient_credits"
     assert "(0.00 in grpc + 18.20 from dept's pool)" in refused.value.message
+
+
+def test_a_cap_on_the_parent_refuses_a_childs_hold_through_the_group_commit(client: DaemonClient, tx) -> None:  # type: ignore[no-untyped-def]
+    with tx() as s:
+        api.set_limits(s, "dept", max_gpus=2)
+    start = datetime.now(UTC).replace(microsecond=0)
+    job = {
+        "cluster": "lab",
+        "run": 0,
+        "account": "grpc",
+        "user": "alice",
+        "partition": None,
+        "start": stamp(start),
+    }
+    client.call("hold", **job, job_id=51, gpus={"h100": 2}, seconds=600, nodes=1)
+    with pytest.raises(DaemonRefused) as refused:
+        client.call("hold", **job, job_id=52, gpus={"h100": 1}, seconds=600, nodes=1)
+    assert refused.value.code == "concurrent_gpus"
+    assert refused.value.message.startswith("account dept (with the accounts below it): 3 concurrent GPUs")

@@ -350,3 +350,33 @@ def test_a_lease_renews_from_the_pool_within_the_cap(tx: Callable[[], Any]) -> N
     with tx() as s:
         assert available(s, "dept") == "98.86"
         assert api.verify(s).ok
+
+
+def test_the_dashboard_shows_what_each_child_spent_this_month(db_url: str, tx: Callable[[], Any]) -> None:
+    from ledger.timeutil import utcnow
+    from portal.auth import hash_password
+    from tests.support.portal import PASSWORD, login, make_app
+
+    now = utcnow().replace(microsecond=0)
+    ran = now - timedelta(minutes=2)
+    with tx() as s:
+        seed(s)
+        api.add_member(s, "dana", "dept", role="manager")
+        api.set_portal_user(s, "dana", password_hash=hash_password(PASSWORD))
+    with tx() as s:
+        held = api.create_hold(
+            s, api.HoldRequest("grpc", user="alice", job_id=1, gpus="h100:1", seconds=HOUR, at=ran)
+        )
+        api.settle_hold(s, held.id, 60, ran + timedelta(seconds=60))  # 0.06, paid by dept's pool
+    this_month = ran >= now.replace(day=1, hour=0, minute=0, second=0)
+    app = make_app(db_url)
+    try:
+        manager = app.test_client()
+        assert login(manager, "dana").status_code == 302
+        page = manager.get("/accounts/dept").get_data(as_text=True)
+        spent = re.findall(
+            r'data-testid="subaccount-(\w+)">.*?data-testid="subaccount-spent">([0-9.]+)<', page, re.S
+        )
+        assert spent == [("grpa", "0.00"), ("grpc", "0.06" if this_month else "0.00")]
+    finally:
+        app.extensions["gpucredit.engine"].dispose()
