@@ -361,9 +361,7 @@ def set_pool(
 ) -> dict[str, Any]:
     """Turn `parent`'s pool on (with each child's cap, None: no cap) or off. Turning it on
     starts counting the caps afresh; changing the cap of a pool that is on does not."""
-    cap = None if child_cap is None else parse_credits(child_cap)
-    if cap is not None and cap < 0:
-        raise InvalidInput("a child cap cannot be negative", code="invalid_amount")
+    cap = None if child_cap is None else parse_credits(child_cap, field="child_cap", allow_zero=True)
     if not enabled and child_cap is not None:
         raise InvalidInput("a pool that is off has no child cap", code="invalid_request")
     request = {"account": parent, "enabled": enabled, "child_cap": cap}

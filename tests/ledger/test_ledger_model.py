@@ -21,6 +21,14 @@ nothing, into a sibling (`chemistry`, funded without expiry) whose new grant mus
 earliest expiry of what was taken, and come in from it as a grant effective at once that
 pays debt first; they are no revenue, and the clearing account nets to zero.
 
+In some runs `physics` sits below `dept`, whose pool is on (maybe with a cap per child):
+a hold physics's own credit cannot cover borrows the rest from dept at the hold, dept's
+free credit in its burn order becoming one `pool` grant of physics's (burnt after its own
+grants, expiring at the earliest expiry of what it took), within what the cap leaves
+(borrowed less returned); a refusal names physics's own available. When a hold resolves,
+or a charge is lowered, the free part of physics's pool grants goes back to the dept
+grants it came from, latest burn first. dept's grants are checked after every step too.
+
 Run with `--hypothesis-show-statistics` to see how often each path is reached (the
 `event`s); a run starts with jobs running and a third start in debt, so settles,
 releases, expiries and debt are reached often.
@@ -174,6 +182,12 @@ class Model:
         self.revenue: list[tuple[datetime, str | None, int]] = []  # (effective, user, amount)
         # chemistry, the other side of transfers: its grants (a top-up of 1000 to start)
         self.partner = [MGrant(0, "topup", 1_000_000_000, PRICE_FROM, None, 10, free=1_000_000_000)]
+        # dept, physics's parent, when its pool is on: its grants, each child's cap (None:
+        # none), and each loan: [pool grant seq, dept grant seq, taken, returned]
+        self.pooled = False
+        self.dept: list[MGrant] = []
+        self.pool_cap: int | None = None
+        self.loans: list[list[int]] = []
 
     # money movements, each logged at its effective time
     def move(self, at: datetime, g: MGrant, free: int = 0, earmarked: int = 0) -> None:
@@ -272,7 +286,12 @@ class Model:
             return refusal
         available = self.available(at)
         if amount > available:
-            return Refused("insufficient_credits", {"needed": amount, "available": available})
+            if not self.pooled or amount - available > self.pool_room(at):
+                refused = Refused("insufficient_credits", {"needed": amount, "available": available})
+                if self.pooled and amount - available <= sum(g.free for g in self.dept if g.active(at)):
+                    refused.details["by the cap"] = True
+                return refused
+            self.borrow(amount - available, at)
         hold = MHold(0, user, job_id, spec, seconds, gpus, rate, amount, started_at)
         need = amount
         for g in self.burn_order():
@@ -283,6 +302,52 @@ class Model:
                 need -= take
         assert need == 0
         return hold
+
+    def pool_room(self, at: datetime) -> int:
+        """What dept would lend physics now: its free active credit, within the cap left."""
+        room = sum(g.free for g in self.dept if g.active(at))
+        if self.pool_cap is not None:
+            room = min(room, self.pool_cap - sum(taken - back for _, _, taken, back in self.loans))
+        return max(room, 0)
+
+    def borrow(self, amount: int, at: datetime) -> None:
+        """dept's free credit in its burn order into one new pool grant of physics's (which,
+        like a top-up, pays debt first)."""
+        need, taken = amount, []
+        for g in sorted(self.dept, key=MGrant.burn_key):
+            if need and g.active(at) and g.free > 0:
+                take = min(need, g.free)
+                g.free -= take
+                need -= take
+                taken.append((g, take))
+        assert need == 0
+        expiries = [g.expires_at for g, _ in taken if g.expires_at is not None]
+        pool, _paid = self.add_grant("pool", amount, at, at, min(expiries) if expiries else None, 1001)
+        self.loans += [[pool.seq, g.seq, take, 0] for g, take in taken]
+
+    def give_back(self, at: datetime) -> int:
+        """The free part of physics's pool grants back to the dept grants it came from,
+        latest burn first, dated no earlier than the loans; returns what went back."""
+        spare = [
+            g for g in self.grants if g.source == "pool" and g.free > 0 and g.active(max(at, g.effective_at))
+        ]
+        if not spare:
+            return 0
+        when = max(at, *(g.effective_at for g in spare))
+        total = 0
+        by_seq = {g.seq: g for g in self.dept}
+        for g in spare:
+            left = g.free
+            total += left
+            self.move(when, g, free=-left)
+            mine = [loan for loan in self.loans if loan[0] == g.seq]
+            for loan in sorted(mine, key=lambda loan: by_seq[loan[1]].burn_key(), reverse=True):
+                give = min(left, loan[2] - loan[3])
+                loan[3] += give
+                by_seq[loan[1]].free += give
+                left -= give
+            assert left == 0, "a pool grant held more than its loans"
+        return total
 
     def consume(self, amount: int, at: datetime, user: str | None) -> Refused | None:
         available = self.available(at)
@@ -405,6 +470,7 @@ class Model:
         for hold_id in expired_holds:
             self.return_earmarks(self.holds[hold_id], at)
             self.holds[hold_id].state = "expired"
+            self.give_back(at)
         expired = 0
         for g in self.grants:
             if g.expires_at is not None and g.expires_at <= at and g.free > 0:
@@ -440,6 +506,11 @@ class Model:
 
 
 # -- the machine ------------------------------------------------------------------------------
+
+DEPT_GRANTS = (
+    "SELECT g.remaining_ucredits, g.earmarked_ucredits FROM grants g "
+    "JOIN accounts a ON a.id = g.account_id WHERE a.name = 'dept' ORDER BY g.id"
+)
 
 # The modelled account's grants (chemistry, the other side of transfers, has its own).
 PHYSICS_GRANTS = (
@@ -538,6 +609,10 @@ class LedgerMachine(RuleBasedStateMachine):
         a100=st.sampled_from([2_000_000, 2_000_001]),
         h100=st.sampled_from([3_600_000, 3_600_001]),
         in_debt=st.sampled_from([False, False, True]),
+        # two runs in three below a pooled dept: its credit, and each child's cap or none
+        pooled=st.sampled_from([True, True, False]),
+        pool_funds=st.integers(5_000_000, 60_000_000),
+        pool_cap=st.one_of(st.integers(1_000_000, 12_000_000), st.integers(1_000_000, 12_000_000), st.none()),
         pending=st.integers(1_000_000, 20_000_000),
         running=st.lists(
             st.tuples(st.sampled_from(USERS), HOLD_ARGUMENTS["spec"], HOLD_ARGUMENTS["seconds"]),
@@ -552,6 +627,9 @@ class LedgerMachine(RuleBasedStateMachine):
         a100: int,
         h100: int,
         in_debt: bool,
+        pooled: bool,
+        pool_funds: int,
+        pool_cap: int | None,
         pending: int,
         running: list[tuple[str, str, int]],
     ) -> None:
@@ -564,8 +642,19 @@ class LedgerMachine(RuleBasedStateMachine):
         later: until a sweep pays the debt from it, its credit is free but not all of it is
         spendable, so debt and what it blocks are reached often."""
         with self.tx() as s:
-            api.create_account(s, "physics")
+            api.create_account(s, "dept")
+            api.create_account(s, "physics", parent="dept")
             api.create_account(s, "chemistry", parent="physics")  # transfers' other side
+            if pooled:  # dept shares: a top-up, and a grant that expires in 2 h
+                funds, cap = pool_funds, pool_cap
+                api.topup(s, "dept", credits(funds), effective_at=PRICE_FROM, at=PRICE_FROM)
+                api.grant(s, "dept", "5", effective_at=PRICE_FROM, expires_at=START + timedelta(hours=2))
+                api.set_pool(s, "dept", True, None if cap is None else credits(cap), at=PRICE_FROM)
+                self.model.pooled, self.model.pool_cap = True, cap
+                self.model.dept = [
+                    MGrant(0, "topup", funds, PRICE_FROM, None, 10, free=funds),
+                    MGrant(1, "grant", 5_000_000, PRICE_FROM, START + timedelta(hours=2), 10, free=5_000_000),
+                ]
             api.topup(s, "chemistry", "1000", effective_at=PRICE_FROM, at=START)
             for gres, per_hour in (("a100", a100), ("h100", h100)):
                 api.set_price(s, gres, credits(per_hour), effective_at=PRICE_FROM)
@@ -706,6 +795,9 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         assert error is None, f"the model admits this hold; the ledger refused: {error.code} {error.message}"
         self.reached("hold: admitted")
+        if len(self.model.grants) > len([g for g in self.model.grants if g.id is not None]):
+            self.learn_grant_ids()
+            self.reached("hold: borrowed from dept's pool")
         if self.model.debt:
             self.reached("hold: admitted while in debt")
         predicted.id = hold.id
@@ -717,6 +809,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert error is not None
         details = error.details
         if refused.code == "insufficient_credits":
+            if refused.details.get("by the cap"):
+                self.reached(f"{what}: refused by the pool's cap, the pool had enough")
             assert ucredits(details["needed"]) == refused.details["needed"]
             assert ucredits(details["available"]) == refused.details["available"]
             if self.model.debt:
@@ -814,11 +908,14 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self.posted == 0
             self.reached("usage: no further seconds, nothing charged")
             return
+        lowered = cost(h.rate, elapsed) < h.charged
         for note in self.model.recharge(h, elapsed, effective):
             self.reached(note)
         if final:
             self.model.return_earmarks(h, effective)
             h.state = "settled"
+        if (final or lowered) and self.model.give_back(effective):
+            self.reached("pool credit went back to dept")
             self.reached("settle" + (" past the hold" if h.charged > h.amount else ""))
         else:
             self.reached("usage")
@@ -843,6 +940,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert error is None, error
             self.model.return_earmarks(h, at)
             h.state = "released"
+            if self.model.give_back(at):
+                self.reached("pool credit went back to dept")
             self.reached("release")
             assert result.state == "released"
 
@@ -1030,7 +1129,10 @@ class LedgerMachine(RuleBasedStateMachine):
         ]
         assert unbalanced == []
         assert revenue == sum(a for _, _, a in self.model.revenue)
-        assert clearing == 0  # system:transfers nets to zero after every transfer
+        assert clearing == 0  # system:transfers nets to zero after every transfer (and loan)
+        with self.engine.connect() as c:
+            dept = c.execute(text(DEPT_GRANTS)).all()
+        assert [tuple(r) for r in dept] == [(g.free + g.earmarked, g.earmarked) for g in self.model.dept]
 
 
 # -- the stores ------------------------------------------------------------------------------
