@@ -66,3 +66,4 @@ clean:
 	rm -rf $(VENV) var build *.egg-info
 
 -include mk/slurm.mk
+-include mk/ha.mk
