@@ -35,6 +35,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -482,6 +483,31 @@ def _psql(port: int, sql: str, database: str = "postgres") -> str:
     return done.stdout.strip()
 
 
+def _end_leftovers() -> None:
+    """With no supervisor, end any process still running from this box (its command line
+    names var/ha: a node or etcd that outlived a killed supervisor), and check the ports."""
+    mine = str(HA_DIR) + "/"
+    leftovers = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and mine in _cmdline(int(entry.name))
+    ]
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in leftovers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ports = [ETCD_CLIENT_PORT, ETCD_PEER_PORT] + [p for n in NODES for p in (n.pg_port, n.api_port)]
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as error:
+                raise HAError(f"port {port} is taken ({error}); is another HA box up?") from error
+
+
 def up(timeout: float = UP_TIMEOUT_SECONDS) -> dict[str, Any]:
     """Start the cluster (or the nodes of it that are down) and wait until it has a leader
     and a synchronous standby; create the database; write database.url."""
@@ -494,6 +520,7 @@ def up(timeout: float = UP_TIMEOUT_SECONDS) -> dict[str, Any]:
     _prepare_dirs()
     supervisor = _supervisor_pid()
     if supervisor is None:
+        _end_leftovers()
         with open(SUPERVISOR_LOG, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "slurmbox.ha", "_supervise"],

@@ -90,9 +90,9 @@ def ha_cluster_up() -> Iterator[HACluster]:
         was_up = ha.status()["leader"] is not None
         started = time.monotonic()
         cluster = HACluster(was_up=was_up)
-        report = cluster.recover()
-        print(f"ha-up: {report['seconds']} s ({time.monotonic() - started:.1f} s with make and init)")
         try:
+            report = cluster.recover()
+            print(f"ha-up: {report['seconds']} s ({time.monotonic() - started:.1f} s with make and init)")
             yield cluster
         finally:
             if not was_up:
