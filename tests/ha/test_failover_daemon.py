@@ -15,7 +15,8 @@ batch, in one of two places:
 
 Either way the clients retry the same requests (as a hook run again, or `scontrol
 release`), the daemon reconnects to the new leader by itself (no restart), each run is
-held exactly once, the books are exact and the audit passes. The time from the crash to
+held exactly once, the books are exact and the audit passes; job_submit.lua's quotes are
+answered from the daemon's snapshot all through the failover (it is trusted 30 s). The time from the crash to
 the first hold answered on the new leader is measured and printed.
 """
 
@@ -25,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -42,7 +44,7 @@ from ledger.store.schema import upgrade
 from ledger.store.tables import holds_t
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from slurmbox import ha
-from tests.support.daemon import running, sinfo_runner
+from tests.support.daemon import NO_VAL, PARTITIONS, running, sinfo_runner
 from tests.support.fakedaemon import sockdir as sockdir
 from tests.support.ha import HACluster
 
@@ -156,14 +158,20 @@ class CutBatch:
 
 def retry_until_held(socket_path: Path, requests: list[dict[str, Any]], crashed_at: float) -> dict[str, Any]:
     """Each request again and again, as a hook run again would, until answered; the
-    seconds from the crash to the first answered hold; how the unanswered tries went."""
+    seconds from the crash to the first answered hold; how the unanswered tries went.
+    Meanwhile job_submit.lua's quote is asked once a round: what sbatch meets meanwhile."""
     client = DaemonClient(str(socket_path))  # the hooks' 2 s deadline
     held: dict[int, dict[str, Any]] = {}
     tries = {"unavailable": 0, "no reply": 0}
+    quotes: Counter[str] = Counter()
     slowest = 0.0
     first = None
     deadline = time.monotonic() + 120  # a bound on a broken cluster, not a measurement
     while len(held) < len(requests):
+        try:
+            quotes[submit(client)["decision"]] += 1
+        except DaemonUnreachable as error:
+            quotes[str(error)] += 1
         for request in requests:
             if request["job_id"] in held:
                 continue
@@ -182,7 +190,23 @@ def retry_until_held(socket_path: Path, requests: list[dict[str, Any]], crashed_
         "first_hold_after_seconds": first,
         "tries": tries,
         "slowest_answer_seconds": slowest,
+        "quotes": quotes,
     }
+
+
+def submit(client: DaemonClient) -> dict[str, Any]:
+    """What job_submit.lua asks for `sbatch -A chem --gres=gpu:h100:1 -t 60`."""
+    return client.call(
+        "submit",
+        user_name="alice",
+        user_id=1001,
+        default_account="chem",
+        partitions=PARTITIONS,
+        time_limit=60,
+        num_tasks=NO_VAL,
+        min_nodes=NO_VAL,
+        tres_per_node="gres:gpu:h100:1",
+    )
 
 
 def check_books(url: str, jobs: dict[int, tuple[str, int]]) -> None:
@@ -208,7 +232,8 @@ def check_books(url: str, jobs: dict[int, tuple[str, int]]) -> None:
 def report(what: str, retried: dict[str, Any]) -> None:
     print(
         f"{what}: first hold on the new leader {retried['first_hold_after_seconds']:.2f} s after the crash; "
-        f"unanswered tries {retried['tries']}; slowest answer {retried['slowest_answer_seconds']:.2f} s"
+        f"unanswered tries {retried['tries']}; slowest answer {retried['slowest_answer_seconds']:.2f} s; "
+        f"job_submit's quotes meanwhile {dict(retried['quotes'])}"
     )
 
 
@@ -228,6 +253,7 @@ def test_a_batch_cut_off_before_its_commit_is_answered_unavailable(
     batch = [job(10, "physics", 2), job(11, "chem"), job(12, "physics")]
     crash: dict[str, Any] = {}
     with running(url, sockdir, sinfo_runner()) as daemon:
+        assert daemon.slurm_facts.learned.wait(10), "the daemon never read the partitions"
         daemon.batches.writers = 1
         cut = CutBatch(daemon, socket_path)
 
@@ -244,6 +270,8 @@ def test_a_batch_cut_off_before_its_commit_is_answered_unavailable(
             assert isinstance(answer, DaemonUnreachable), answer
             assert str(answer).endswith("unavailable: the ledger database is unavailable")
         retried = retry_until_held(socket_path, batch, crash["at"])
+        # sbatch went on meanwhile: job_submit.lua quoted from the daemon's snapshot.
+        assert set(retried["quotes"]) == {"accept"}, retried["quotes"]
         assert [retried["held"][r["job_id"]]["amount"] for r in batch] == ["7.20", "3.60", "3.60"]
         client = DaemonClient(str(socket_path), 10.0)
         assert client.call("hold", **first)["id"] == answers[90]["id"]  # the acknowledged hold, found again
@@ -263,6 +291,7 @@ def test_a_batch_whose_commit_was_in_flight_is_held_once(ha_cluster: HACluster, 
     standby = next(node for node in ha.NODES if node.pg_port != leader_port)
     crash: dict[str, Any] = {}
     with running(url, sockdir, sinfo_runner()) as daemon:
+        assert daemon.slurm_facts.learned.wait(10), "the daemon never read the partitions"
         daemon.batches.writers = 1
         cut = CutBatch(daemon, socket_path)
 
