@@ -1,5 +1,6 @@
 # The HA ledger database (slurmbox/ha.py): Patroni with etcd, a primary and a synchronous
-# standby on loopback ports (55431, 55432; etcd 23790), apart from the system PostgreSQL.
+# standby on loopback ports (PostgreSQL 15431, 15432; Patroni 18431, 18432; etcd 12379, 12380),
+# apart from the system PostgreSQL on 5432.
 # Run as root; needs Debian's patroni and etcd-server. Included by the Makefile.
 # `make ha-up` writes the cluster's multi-host URL to var/ha/database.url and migrates it;
 # point gpucredit at it: GPUCREDIT_DATABASE_URL=$$(cat var/ha/database.url) gpucredit ...

@@ -54,8 +54,8 @@ ETCD = "/usr/bin/etcd"
 PACKAGES = ("patroni", "etcd-server")
 SCOPE = "gpucredit-ha"
 DATABASE = "gpucredit"
-ETCD_CLIENT_PORT = 23790
-ETCD_PEER_PORT = 23800
+ETCD_CLIENT_PORT = 12379
+ETCD_PEER_PORT = 12380
 # Patroni's timing: the leader key lives `ttl` seconds and is renewed every `loop_wait`;
 # a crashed leader's key expires within ttl, then the synchronous standby promotes.
 # (loop_wait + 2 × retry_timeout must not exceed ttl.)
@@ -98,7 +98,9 @@ class Node:
         return f"http://127.0.0.1:{self.api_port}"
 
 
-NODES = (Node("node1", 55431, 58431), Node("node2", 55432, 58432))
+# Below the kernel's ephemeral range (32768-60999): a port in it can be taken at any moment
+# as the local end of some client's connection, and a node then fails to bind (seen).
+NODES = (Node("node1", 15431, 18431), Node("node2", 15432, 18432))
 SUPERVISOR_PID = HA_DIR / "supervisor.pid"
 SUPERVISOR_LOG = HA_DIR / "supervisor.log"
 STATE = HA_DIR / "state.json"  # the supervisor's children: {"etcd": pid, "node1": pid, ...}
