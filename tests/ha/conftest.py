@@ -3,13 +3,4 @@ module, `make ha-down` after it; every test here is marked `ha`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from tests.support.ha import HACluster, ha_cluster_up
-
-
-@pytest.fixture(scope="module")
-def ha_cluster() -> Iterator[HACluster]:
-    yield from ha_cluster_up()
+from tests.support.ha import ha_cluster as ha_cluster

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from slurmbox import ha
@@ -76,8 +77,15 @@ def _make_json(target: str) -> dict[str, Any]:
     return result
 
 
+@pytest.fixture(scope="module")
+def ha_cluster() -> Iterator[HACluster]:
+    """The HA box for one test module: `make ha-up` once, `make ha-down` after it (a
+    cluster that was up already is used and left up). Its tests are marked `ha`."""
+    yield from ha_cluster_up()
+
+
 def ha_cluster_up() -> Iterator[HACluster]:
-    """The module fixture's body: up once (under the host-wide lock), down at the end."""
+    """The fixture's body: up once (under the host-wide lock), down at the end."""
     missing = ha.installed()
     require(
         not missing,
