@@ -18,8 +18,8 @@ the command): a child subreaper (the container's PID 1 reaps no orphans) that ru
 and both Patroni nodes as its children. Run again, `up` asks it (SIGUSR1) to start any
 node that is down -- a crashed leader comes back as a standby (pg_rewind) -- and waits
 until there is a leader and a synchronous standby again. `failover` crashes the leader
-as a power loss would: SIGKILL of its Patroni and of its postmaster's whole process
-group together (killing the postmaster alone only makes Patroni restart it in place),
+as a power loss would: SIGKILL of its Patroni, its postmaster and every backend together,
+all stopped first (killing the postmaster alone only makes Patroni restart it in place),
 then waits until the standby is the read-write leader and prints the timings as JSON.
 `down` stops the supervisor, which stops everything; `--wipe` also removes var/ha.
 
@@ -392,24 +392,51 @@ def _postmaster_pid(node: Node) -> int | None:
 
 
 def _kill_node(node: Node, patroni_pid: int | None) -> list[int]:
-    """SIGKILL a node's Patroni and its postmaster's process group, back to back; return
-    the pids that were killed."""
-    targets = []
-    if patroni_pid is not None and _alive(patroni_pid) and str(node.config) in _cmdline(patroni_pid):
-        targets.append(patroni_pid)
+    """Crash a node as a power loss would: its Patroni, its postmaster and every process
+    the postmaster forked (backends, the WAL sender, ...; each a process group of its own,
+    PostgreSQL's children call setsid) are first all stopped (SIGSTOP: none runs on, so no
+    backend commits or sends WAL after the "power" went), then all SIGKILLed. Killing
+    the postmaster alone lets its backends run on for a moment: a COMMIT in flight then
+    still completed on the dying primary (seen). Returns the pids killed."""
+    patroni = (
+        [patroni_pid]
+        if patroni_pid is not None and _alive(patroni_pid) and str(node.config) in _cmdline(patroni_pid)
+        else []
+    )
     postmaster = _postmaster_pid(node)
-    groups = list(targets)
+    stopped: list[int] = []
+    for group in patroni:  # Patroni runs in a session and process group of its own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGSTOP)
     if postmaster is not None:
         with contextlib.suppress(ProcessLookupError):
-            groups.append(os.getpgid(postmaster))
-    for group in groups:
+            os.kill(postmaster, signal.SIGSTOP)  # stopped, it forks nothing more
+        stopped = [postmaster, *_children_of(postmaster)]
+        for pid in stopped[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+    for group in patroni:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    if postmaster is not None:
-        targets.append(postmaster)
+    for pid in stopped:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(postmaster, signal.SIGKILL)
-    return targets
+            os.kill(pid, signal.SIGKILL)
+    return patroni + stopped
+
+
+def _children_of(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(entry.name))
+    return children
 
 
 def _http_json(url: str, timeout: float = 1.0) -> Any:
@@ -510,6 +537,12 @@ def _end_leftovers() -> None:
                 raise HAError(f"port {port} is taken ({error}); is another HA box up?") from error
 
 
+def _ready_leader() -> Node | None:
+    name = _healthy(cluster())
+    node = next((n for n in NODES if n.name == name), None)
+    return node if node is not None and _read_write_leader(node) else None
+
+
 def up(timeout: float = UP_TIMEOUT_SECONDS) -> dict[str, Any]:
     """Start the cluster (or the nodes of it that are down) and wait until it has a leader
     and a synchronous standby; create the database; write database.url."""
@@ -537,7 +570,9 @@ def up(timeout: float = UP_TIMEOUT_SECONDS) -> dict[str, Any]:
     else:
         os.kill(supervisor, signal.SIGUSR1)  # start whatever node is down
     deadline = time.monotonic() + timeout
-    while (leader := _healthy(cluster())) is None:
+    # Ready: Patroni names a running leader and a synchronous standby, and the leader's
+    # PostgreSQL takes writes (Patroni's view can run a moment ahead of a restart).
+    while (leader := _ready_leader()) is None:
         if not _alive(supervisor):
             raise HAError(f"the HA supervisor ended:\n{_tail(SUPERVISOR_LOG)}")
         if time.monotonic() > deadline:
@@ -546,12 +581,12 @@ def up(timeout: float = UP_TIMEOUT_SECONDS) -> dict[str, Any]:
                 f"no leader with a synchronous standby within {timeout:.0f} s: {_roles(cluster())}\n{logs}"
             )
         time.sleep(0.2)
-    port = next(n.pg_port for n in NODES if n.name == leader)
+    port = leader.pg_port
     if _psql(port, f"SELECT count(*) FROM pg_database WHERE datname = '{DATABASE}'") == "0":
         _psql(port, f'CREATE DATABASE "{DATABASE}"')
     URL_FILE.write_text(database_url() + "\n")
     return {
-        "leader": leader,
+        "leader": leader.name,
         "roles": {name: role for name, (role, _state) in _roles(cluster()).items()},
         "url": database_url(),
         "url_file": str(URL_FILE),

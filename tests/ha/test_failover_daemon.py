@@ -325,16 +325,28 @@ def test_a_batch_whose_commit_was_in_flight_is_held_once(ha_cluster: HACluster, 
 
 
 def wal_receiver_pid(port: int) -> int:
-    engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    engine = create_engine(
+        f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", isolation_level="AUTOCOMMIT"
+    )
+    found: list[int] = []
     with engine.connect() as c:
-        pid = c.execute(text("SELECT pid FROM pg_stat_wal_receiver")).scalar_one()
+
+        def streaming() -> bool:
+            found[:] = c.execute(
+                text("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+            ).scalars()
+            return bool(found)
+
+        wait_for(streaming, "the standby has no WAL receiver streaming")
     engine.dispose()
-    return int(pid)
+    return found[0]
 
 
 def crash_in_commit(ha_cluster: HACluster, leader_port: int, crash: dict[str, Any]) -> None:
-    """Once a backend of the leader waits for the synchronous standby (its COMMIT sent),
-    crash the leader, then let the standby's WAL receiver go on."""
+    """Once a backend of the leader waits for the synchronous standby (its COMMIT written
+    and flushed there) and the WAL sender has sent the standby everything flushed (into
+    the stopped receiver's socket), crash the leader, then let the receiver go on: the
+    standby then has the COMMIT the daemon never heard back about."""
     try:
         engine = create_engine(
             f"postgresql+psycopg://postgres@127.0.0.1:{leader_port}/postgres", isolation_level="AUTOCOMMIT"
@@ -342,6 +354,9 @@ def crash_in_commit(ha_cluster: HACluster, leader_port: int, crash: dict[str, An
         with engine.connect() as c:
             waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
             wait_for(lambda: c.execute(waiting).scalar_one() > 0, "no COMMIT waited for the standby")
+            flushed = c.execute(text("SELECT pg_current_wal_flush_lsn()")).scalar_one()
+            sent = text("SELECT count(*) FROM pg_stat_replication WHERE sent_lsn >= CAST(:lsn AS pg_lsn)")
+            wait_for(lambda: c.execute(sent, {"lsn": flushed}).scalar_one() > 0, "the COMMIT was never sent")
         engine.dispose()
         crash["at"] = time.monotonic()
         crash.update(ha_cluster.crash_leader())
