@@ -5,7 +5,7 @@ serves a fresh database; a real `gpucredit daemon` on its multi-host URL is driv
 client processes speaking the hooks' protocol with the hooks' own client (its 2 s
 deadline), each holding and settling one job after another, as in
 bench/ledger_throughput.py. After `--before` seconds the leader is crashed (`make
-ha-failover`'s SIGKILL of its Patroni and postmaster); the clients go on for `--after`
+ha-failover`'s SIGKILL of its Patroni, postmaster and backends); the clients go on for `--after`
 seconds more, retrying every unanswered request (`unavailable`, or no reply in time) with
 the same request every 50 ms, as a hook run again would.
 

@@ -10,7 +10,7 @@ ha-up: venv  ## start the cluster, or the nodes of it that are down; wait for a 
 	$(BIN)/python -m slurmbox.ha up
 	GPUCREDIT_DATABASE_URL="$$(cat var/ha/database.url)" $(BIN)/gpucredit init
 
-ha-failover:  ## crash the leader (SIGKILL of its Patroni and postmaster) and wait for the standby to lead; prints the timings
+ha-failover:  ## crash the leader (its Patroni, postmaster and backends stopped, then SIGKILLed) and wait for the standby to lead; prints the timings
 	$(BIN)/python -m slurmbox.ha failover
 
 ha-down:  ## stop etcd and both nodes (HA_WIPE=1: and remove var/ha)

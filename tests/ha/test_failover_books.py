@@ -6,7 +6,7 @@ serves hook-like clients that hold and settle job runs over its socket, as
 PrologSlurmctld and EpilogSlurmctld do (the hooks' own DaemonClient, its 2 s deadline);
 beside them top-ups (with idempotency keys) and paid payments (the webhook's
 `mark_paid`, by event id) go through the ledger's public API. Mid-stream, `make
-ha-failover` crashes the primary (SIGKILL of its Patroni and postmaster) and the
+ha-failover` crashes the primary (its Patroni, postmaster and backends killed at once) and the
 standby takes over.
 
 What the clients do with an answer that did not come (`unavailable`, or no reply in

@@ -35,15 +35,27 @@ class HACluster:
 
     was_up: bool
     failovers: list[dict[str, Any]] = field(default_factory=list)
+    databases: list[str] = field(default_factory=list)
 
     def new_database(self) -> str:
         """A fresh database on the cluster; its multi-host URL."""
         name = f"gpucredit_ha_{uuid.uuid4().hex[:10]}"
-        admin = create_engine(ha.database_url("postgres"), isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-        admin.dispose()
+        self._admin(f'CREATE DATABASE "{name}"')
+        self.databases.append(name)
         return ha.database_url(name)
+
+    def drop_databases(self) -> None:
+        for name in self.databases:
+            self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.databases.clear()
+
+    def _admin(self, sql: str) -> None:
+        admin = create_engine(ha.database_url("postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as c:
+                c.execute(text(sql))
+        finally:
+            admin.dispose()
 
     def failover(self) -> dict[str, Any]:
         """`make ha-failover`: crash the leader, wait for the standby to take writes."""
@@ -95,7 +107,7 @@ def ha_cluster_up() -> Iterator[HACluster]:
     require(os.geteuid() == 0, "root for the HA database box", "run the HA tests as root")
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        was_up = ha.status()["leader"] is not None
+        was_up = ha.status()["supervisor"] is not None  # an admin's: used, then left running
         started = time.monotonic()
         cluster = HACluster(was_up=was_up)
         try:
@@ -103,7 +115,10 @@ def ha_cluster_up() -> Iterator[HACluster]:
             print(f"ha-up: {report['seconds']} s ({time.monotonic() - started:.1f} s with make and init)")
             yield cluster
         finally:
-            if not was_up:
+            if was_up:
+                cluster.recover()  # as it was found: a leader and its synchronous standby
+                cluster.drop_databases()
+            else:
                 subprocess.run(
                     ["make", "--no-print-directory", "ha-down", "HA_WIPE=1"],
                     cwd=REPO,
