@@ -4,8 +4,9 @@ The ledger is the HA box (tests/support/ha.py): Patroni, a primary and a synchro
 standby, reached through the cluster's multi-host URL. A real `gpucredit daemon` process
 serves hook-like clients that hold and settle job runs over its socket, as
 PrologSlurmctld and EpilogSlurmctld do (the hooks' own DaemonClient, its 2 s deadline);
-beside them top-ups (with idempotency keys) and paid payments (the webhook's
-`mark_paid`, by event id) go through the ledger's public API. Mid-stream, `make
+beside them top-ups (with idempotency keys) go through the ledger's public API, and
+Stripe's paid-checkout webhooks (signed, by event id) through the portal, which answers
+503 while its database is unavailable, so Stripe sends the event again. Mid-stream, `make
 ha-failover` crashes the primary (its Patroni, postmaster and backends killed at once) and the
 standby takes over.
 
@@ -35,6 +36,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from flask import Flask
+from flask.testing import FlaskClient
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -47,8 +50,10 @@ from ledger.store.tables import grants_t, holds_t
 from ledger.timeutil import parse_time
 from slurm_hooks.client import DaemonClient, DaemonRefused, DaemonUnreachable
 from tests.support.daemon import GPUCREDIT, DaemonProcess
+from tests.support.fake_stripe import event, signature
 from tests.support.fakedaemon import sockdir as sockdir
 from tests.support.ha import HACluster
+from tests.support.portal import make_app
 
 A100 = 2_000_000  # micro-credits per GPU-hour
 ACCOUNTS = ("alpha", "beta", "gamma")
@@ -60,6 +65,9 @@ RAN_S = 600
 TOPUP = "1.5"
 PAYMENT = "2.25"
 PAYMENTS = 12
+CENTS_PER_CREDIT = 100
+WEBHOOK = "/api/v1/payments/stripe/webhook"
+WEBHOOK_SECRET = "whsec_ha_failover"  # a test's own, not a secret
 AFTER_FAILOVER = 3  # each stream goes on until it has this many acknowledged writes after the crash
 RETRY_PAUSE_S = 0.05  # a client's pause before retrying an unanswered request (its retry policy)
 ARRIVAL_PAUSE_S = 0.02  # between one client's jobs: the load is a stream, not a spin
@@ -127,9 +135,14 @@ def until_answered(seen: Seen, op: str, call: Callable[[], Any], *, give_up: boo
     while True:
         try:
             return call()
-        except (DaemonUnreachable, SQLAlchemyError) as error:
-            # `unavailable`: the daemon says nothing of it committed; else no reply in time.
-            why = "db error" if isinstance(error, SQLAlchemyError) else _why(error)
+        except (DaemonUnreachable, SQLAlchemyError, WebhookNotAnswered) as error:
+            why = (
+                "db error"
+                if isinstance(error, SQLAlchemyError)
+                else "503"
+                if isinstance(error, WebhookNotAnswered)
+                else _why(error)
+            )
             with seen.lock:
                 seen.unanswered[f"{op} {why}"] += 1
             if give_up:
@@ -173,9 +186,48 @@ def topup_once(engine: Engine, account: str, key: str) -> dict[str, Any]:
         return api.topup(s, account, TOPUP, idempotency_key=key, reference=key)
 
 
-def paid_once(engine: Engine, payment_id: int, event_id: str) -> dict[str, Any]:
-    with transaction(engine) as s:
-        return api.mark_paid(s, payment_id, event_id=event_id)
+class WebhookNotAnswered(Exception):
+    """The portal answered a webhook 503 (its database unavailable): Stripe sends it again."""
+
+
+def stripe_portal(url: str) -> Flask:
+    """The portal on the cluster's URL, taking Stripe's webhooks."""
+    return make_app(
+        url,
+        portal={"api_rate_limit": "100000 per minute"},  # Stripe's retries are not what is tested
+        payments={
+            "provider": "stripe",
+            "currency": "usd",
+            "unit_amount_cents": CENTS_PER_CREDIT,
+            "stripe": {"secret_key": "sk_test_ha", "webhook_secret": WEBHOOK_SECRET},
+        },
+    )
+
+
+def paid_once(client: FlaskClient, payment_id: int, account: str, n: int) -> dict[str, Any]:
+    """Stripe delivering checkout.session.completed for payment `payment_id` (a retry is
+    the same event, signed anew)."""
+    session = {
+        "id": f"cs_test_ha_{n}",
+        "object": "checkout.session",
+        "client_reference_id": str(payment_id),
+        "metadata": {"payment_id": str(payment_id), "account": account},
+        "amount_total": int(parse_credits(PAYMENT) * CENTS_PER_CREDIT // 1_000_000),
+        "currency": "usd",
+        "status": "complete",
+        "payment_status": "paid",
+    }
+    payload = event("checkout.session.completed", session, event_id=f"evt_ha_{n}")
+    response = client.post(
+        WEBHOOK,
+        data=payload,
+        headers={"Stripe-Signature": signature(payload, WEBHOOK_SECRET), "Content-Type": "application/json"},
+    )
+    if response.status_code == 503:
+        raise WebhookNotAnswered(response.get_json()["error"]["code"])
+    assert response.status_code == 200, response.get_json()
+    reply: dict[str, Any] = response.get_json()
+    return reply
 
 
 def topup_stream(engine: Engine, seen: Seen) -> None:
@@ -189,10 +241,11 @@ def topup_stream(engine: Engine, seen: Seen) -> None:
         time.sleep(ARRIVAL_PAUSE_S * 5)
 
 
-def payment_stream(engine: Engine, payments: list[tuple[int, str]], seen: Seen) -> None:
-    """The webhook's side of payments: each paid once, by its event id, across the crash."""
+def payment_stream(portal: Flask, payments: list[tuple[int, str]], seen: Seen) -> None:
+    """Stripe's webhooks through the portal: each paid once, by its event id, across the crash."""
+    client = portal.test_client()
     for n, (payment_id, account) in enumerate(payments):
-        result = until_answered(seen, "paid", partial(paid_once, engine, payment_id, f"evt_ha_{n}"))
+        result = until_answered(seen, "paid", partial(paid_once, client, payment_id, account, n))
         seen.paid[payment_id] = (int(result["payment"]["grant_id"]), account)
         seen.acknowledged("payments")
         while n >= PAYMENTS // 3 and not seen.crashed.is_set() and not seen.stop.is_set():
@@ -209,10 +262,12 @@ def test_acknowledged_writes_survive_a_failover(ha_cluster: HACluster, sockdir: 
             api.create_account(s, name)
             api.add_member(s, "alice", name)
             api.topup(s, name, CREDIT)
-        payments = [
-            (api.open_payment(s, account, PAYMENT, provider="stripe", requested_by="alice")["id"], account)
-            for account in (ACCOUNTS[n % len(ACCOUNTS)] for n in range(PAYMENTS))
-        ]
+        payments = []
+        for n in range(PAYMENTS):  # checkouts opened, not yet paid: Stripe's webhook will say
+            account = ACCOUNTS[n % len(ACCOUNTS)]
+            payment = api.open_payment(s, account, PAYMENT, provider="stripe", requested_by="alice")
+            api.set_external_id(s, payment["id"], f"cs_test_ha_{n}")
+            payments.append((payment["id"], account))
     config = tmp_path / "gpucredit.toml"
     config.write_text(
         f'[database]\nurl = "{url}"\n'
@@ -226,7 +281,8 @@ def test_acknowledged_writes_survive_a_failover(ha_cluster: HACluster, sockdir: 
         for i in range(CLIENTS)
     ]
     streams.append(threading.Thread(target=topup_stream, args=(engine, seen), daemon=True))
-    streams.append(threading.Thread(target=payment_stream, args=(engine, payments, seen), daemon=True))
+    portal = stripe_portal(url)
+    streams.append(threading.Thread(target=payment_stream, args=(portal, payments, seen), daemon=True))
     try:
         daemon.start(config)
         for stream in streams:
@@ -248,6 +304,7 @@ def test_acknowledged_writes_survive_a_failover(ha_cluster: HACluster, sockdir: 
     finally:
         seen.stop.set()
         daemon.stop()
+        portal.extensions["gpucredit.engine"].dispose()
     print(
         f"failover: read-write on {report['leader']} {report['read_write_after_seconds']} s after the crash; "
         f"before it {before[0]} runs, {before[1]} top-ups, {before[2]} payments; in all "
