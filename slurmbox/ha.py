@@ -299,15 +299,17 @@ class _Supervisor:
             time.sleep(0.1)
         for node in NODES:
             _kill_node(node, self.children.get(node.name))
-        if "etcd" in self.children:
+        etcd = self.children.get("etcd")  # its pid: reap() forgets it once it has ended
+        if etcd is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.children["etcd"], signal.SIGTERM)
+                os.kill(etcd, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while _alive(self.children["etcd"]) and time.monotonic() < deadline:
+            while _alive(etcd) and time.monotonic() < deadline:
                 self.reap()
                 time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.children["etcd"], signal.SIGKILL)
+            if _alive(etcd):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(etcd, signal.SIGKILL)
         self.reap()
         self.log("stopped")
 
