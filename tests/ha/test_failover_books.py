@@ -7,16 +7,18 @@ PrologSlurmctld and EpilogSlurmctld do (the hooks' own DaemonClient, its 2 s dea
 beside them top-ups (with idempotency keys) go through the ledger's public API, and
 Stripe's paid-checkout webhooks (signed, by event id) through the portal, which answers
 503 while its database is unavailable, so Stripe sends the event again. Mid-stream, `make
-ha-failover` crashes the primary (its Patroni, postmaster and backends killed at once) and the
-standby takes over.
+ha-failover` crashes the primary (its Patroni, postmaster and backends killed at once)
+and the standby takes over.
 
 What the clients do with an answer that did not come (`unavailable`, or no reply in
-time): most retry the same request until it is answered (every request is idempotent),
-as an admin's `scontrol release` or the bridge would; two "parking" clients give a
-hold up, as the prolog parks a job, and never retry it.
+time): four retry the same request until it is answered (every request is idempotent),
+as an admin's `scontrol release` or the bridge would; two prolog-only clients (their
+jobs run on, never settled here) give a hold up, as the prolog parks a job, and never
+retry it.
 
 Afterwards: every acknowledged write is there exactly once with what was acknowledged
-(hold ids, charges, grant ids); a parked hold is there at most once and whole; the
+(hold ids, charges, grant ids), the running jobs' holds still active; a parked hold is
+there at most once and whole (active, holding the run); the
 books are exact to the micro-credit (the ledger's balance); `gpucredit audit verify`
 passes through the multi-host URL.
 """
@@ -59,7 +61,10 @@ A100 = 2_000_000  # micro-credits per GPU-hour
 ACCOUNTS = ("alpha", "beta", "gamma")
 CREDIT = "1000"  # plenty: no refusal for credit, so every run's fate is the failover's alone
 CLIENTS = 6
-PARKING = {0, 1}  # clients that give a hold up when it is not answered (the prolog parks the job)
+# Prolog-only clients: they hold job after job (the jobs run on, never settled here) and
+# give a hold up when it is not answered, as the prolog parks the job.
+PARKING = {0, 1}
+PARKING_PAUSE_S = 0.2  # between their holds: each holds 2.00 credits to the end
 LIMIT_S = 3600
 RAN_S = 600
 TOPUP = "1.5"
@@ -173,6 +178,9 @@ def hook_client(index: int, socket_path: str, seen: Seen) -> None:
                 time.sleep(RETRY_PAUSE_S)
                 continue
             seen.holds[job_id] = (int(held["id"]), account)
+            if index in PARKING:
+                time.sleep(PARKING_PAUSE_S)
+                continue
             settled = until_answered(seen, "settle", partial(client.call, "settle", **settle))
             seen.settles[job_id] = str(settled["charged"])
             seen.acknowledged(f"client {index}")
@@ -308,13 +316,13 @@ def test_acknowledged_writes_survive_a_failover(ha_cluster: HACluster, sockdir: 
     print(
         f"failover: read-write on {report['leader']} {report['read_write_after_seconds']} s after the crash; "
         f"before it {before[0]} runs, {before[1]} top-ups, {before[2]} payments; in all "
-        f"{len(seen.settles)} runs, {len(seen.parked)} parked, {len(seen.topups)} top-ups, "
+        f"{len(seen.settles)} runs settled, {len(seen.holds) - len(seen.settles)} held on, "
+        f"{len(seen.parked)} parked, {len(seen.topups)} top-ups, "
         f"{len(seen.paid)} payments; unanswered tries {dict(seen.unanswered)}"
     )
     assert seen.errors == []
-    assert (
-        sum(n for op, n in seen.unanswered.items() if op.startswith("hold")) > 0
-    )  # the crash came mid-stream
+    assert sum(n for op, n in seen.unanswered.items() if op.startswith("hold")) > 0  # mid-stream
+    assert seen.parked  # the prolog-only clients gave holds up in the window
     check_books(engine, seen)
     engine.dispose()
     verify = subprocess.run(
@@ -340,11 +348,12 @@ def check_books(engine: Engine, seen: Seen) -> None:
         }
         per_job = Counter(s.execute(select(holds_t.c.job_id)).scalars())
         assert {job for job, n in per_job.items() if n > 1} == set()  # no run held twice
-        # Every acknowledged hold is there, under the id it was acknowledged with, settled
-        # once for what the settle acknowledged.
+        # Every acknowledged hold is there, under the id it was acknowledged with; settled
+        # once for what the settle acknowledged, else still active (a prolog-only client's).
         for job, (hold_id, _account) in seen.holds.items():
             assert holds[job].id == hold_id, job
-            assert (holds[job].state, holds[job].charged_ucredits) == ("settled", charge), job
+            settled = ("settled", charge) if job in seen.settles else ("active", 0)
+            assert (holds[job].state, holds[job].charged_ucredits) == settled, job
         assert set(seen.settles.values()) == {format_credits(charge)}
         # A parked hold (never acknowledged) is either absent or whole: active, holding the run.
         assert set(holds) - set(seen.holds) <= seen.parked
@@ -362,8 +371,11 @@ def check_books(engine: Engine, seen: Seen) -> None:
         ).scalar() == (len(ACCOUNTS) + len(seen.topups) + len(seen.paid))
         # The books, per account, to the micro-credit.
         for account in ACCOUNTS:
-            runs = sum(1 for _hold, owner in seen.holds.values() if owner == account)
-            parked = sum(1 for job in stray if ACCOUNTS[job % len(ACCOUNTS)] == account)
+            runs = sum(
+                1 for job, (_hold, owner) in seen.holds.items() if owner == account and job in seen.settles
+            )
+            running = sum(1 for _hold, owner in seen.holds.values() if owner == account) - runs
+            parked = running + sum(1 for job in stray if ACCOUNTS[job % len(ACCOUNTS)] == account)
             topups = sum(1 for _grant, owner in seen.topups.values() if owner == account)
             paid = sum(1 for _grant, owner in seen.paid.values() if owner == account)
             expected = (
