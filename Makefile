@@ -51,6 +51,8 @@ test: venv lint typecheck
 BENCH_SLURM ?= 1
 # The chroot boxes bench.slurm_versions measures too (their roots: python -m slurmbox rootfs).
 BENCH_SLURM_VERSIONS ?= 24.11 26.05
+# The failover bench needs root and the HA box's packages (patroni, etcd-server): BENCH_HA=1.
+BENCH_HA ?= 0
 bench: venv
 	$(BIN)/python -m bench.ledger_throughput
 	$(BIN)/python -m bench.meter_tick --holds 20000,50000 --workers 1
@@ -61,8 +63,10 @@ bench: venv
 	$(if $(filter 0 no false,$(BENCH_SLURM))$(if $(BENCH_SLURM_VERSIONS),,none),,flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_versions --slurm $(BENCH_SLURM_VERSIONS))
 	$(BIN)/python -m bench.portal_load
 	$(BIN)/python -m bench.portal_logins
+	$(if $(filter 1 yes true,$(BENCH_HA)),$(BIN)/python -m bench.ha_failover,)
 
 clean:
 	rm -rf $(VENV) var build *.egg-info
 
 -include mk/slurm.mk
+-include mk/ha.mk

@@ -119,11 +119,17 @@ def worker(database: str, index: int, seconds: float, barrier, results) -> None:
 
 @contextmanager
 def daemon_process(
-    database: str, workdir: Path, batch_max: int, writers: int, weighted: bool = True
+    database: str,
+    workdir: Path,
+    batch_max: int,
+    writers: int,
+    weighted: bool = True,
+    url: str | None = None,
 ) -> Iterator[tuple[str, int]]:
-    """A real `gpucredit daemon` on `database`; yields its socket. Its Slurm is an sinfo
-    script (the daemon reads partitions in the background), as in tests/daemon/test_daemon.py.
-    `weighted`: with the CPU share its systemd unit gives it (`weigh_as_its_unit`)."""
+    """A real `gpucredit daemon` on `database` (or on `url`: bench/ha_failover.py's HA
+    cluster); yields its socket. Its Slurm is an sinfo script (the daemon reads partitions
+    in the background), as in tests/daemon/test_daemon.py. `weighted`: with the CPU share
+    its systemd unit gives it (`weigh_as_its_unit`)."""
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'gpu|gpu:h100:8,gpu:a100:8'\n")
@@ -131,7 +137,7 @@ def daemon_process(
     socket_path = workdir / "daemon.sock"
     config = workdir / "gpucredit.toml"
     config.write_text(
-        f'[database]\nurl = "{_url(database)}"\n'
+        f'[database]\nurl = "{url or _url(database)}"\n'
         f'[daemon]\nsocket = "{socket_path}"\nmetrics_port = 0\n'
         f"batch_max = {batch_max}\nwriters = {writers}\n"
         f'[slurm]\ncluster = "bench"\nbin_dir = "{bin_dir}"\n'

@@ -101,9 +101,13 @@ def database_refusal(error: Any) -> str:
 
     from sqlalchemy.engine import make_url
 
+    from ledger.store.db import sqlalchemy_url
+
     said = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
     try:
-        where = make_url(load_config()["database"]["url"]).render_as_string(hide_password=True)
+        where = make_url(sqlalchemy_url(load_config()["database"]["url"])).render_as_string(
+            hide_password=True
+        )
     except Exception:  # the message must come out whatever the configuration holds
         where = "the configured database"
     if any(phrase in said.lower() for phrase in _NOT_ALLOWED):

@@ -6,7 +6,8 @@ not, its tests FAIL under CI (env CI set) and are skipped elsewhere with a hint.
 
 Markers select what they say (docs/design.md, "Where the tests are"): every test on
 the PostgreSQL store is marked `postgres` here, so `-m 'not postgres'` runs without it;
-a test that takes the Slurm box is marked `slurm`, one that takes a browser `browser`.
+a test that takes the Slurm box is marked `slurm`, one that takes a browser `browser`,
+one that takes the HA database box (tests/ha) `ha`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.support.services import new_database, pg_admin, pg_database_url
 
 # Fixtures that are a PostgreSQL database, and the markers fixtures imply.
 POSTGRES_FIXTURES = {"pg_url", "tx_pg"}
-MARKER_OF_FIXTURE = {"slurm_box": "slurm", "browser": "browser"}
+MARKER_OF_FIXTURE = {"slurm_box": "slurm", "browser": "browser", "ha_cluster": "ha"}
 
 
 def needs_postgres(item: pytest.Item) -> bool:

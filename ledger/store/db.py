@@ -6,6 +6,10 @@ batches that share a commit: several, in id order). On PostgreSQL that is
 transaction starts with `BEGIN IMMEDIATE` and takes the write lock up front
 instead of failing later with "database is locked" on upgrade.
 
+PostgreSQL may be an HA cluster reached through a multi-host URL (docs/failover.md), in
+SQLAlchemy's form (`?host=h1:p1&host=h2:p2&target_session_attrs=read-write`) or libpq's
+(`h1:p1,h2:p2`, rewritten to the former by `sqlalchemy_url`).
+
 An embedded SQLite ledger is created private: its directory 0700 and the file 0600
 (SQLite gives its -wal and -shm files the database file's mode), like the daemon's
 socket. Every account's money is in it, and who can read the file can read it all.
@@ -14,6 +18,7 @@ socket. Every account's money is in it, and who can read the file can read it al
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    parsed = make_url(url)
+    parsed = make_url(sqlalchemy_url(url))
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             create_private_sqlite_file(Path(parsed.database))
@@ -33,9 +38,30 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine)
         return engine
     if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
-        url = str(parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
+        parsed = parsed.set(drivername="postgresql+psycopg")
     kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    return create_engine(parsed, **kwargs)
+
+
+# libpq's multi-host URI: postgresql[+driver]://[userinfo@]host1[:port1],host2[:port2],.../...
+_LIBPQ_MULTI_HOST = re.compile(
+    r"^(?P<scheme>postgresql(?:\+\w+)?://)(?P<user>[^@/?]*@)?(?P<hosts>[^/?@]*,[^/?@]*)(?P<path>/[^?]*)?(?:\?(?P<query>.*))?$"
+)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """`url` in a form SQLAlchemy parses. An HA cluster's URL as libpq writes it,
+    `postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write`, is not one
+    (its URL parser takes one host); SQLAlchemy's own form of the same is
+    `postgresql://u@/db?host=h1:5432&host=h2:5432&target_session_attrs=read-write`,
+    which psycopg turns back into libpq's host and port lists. Any other URL is
+    returned as it is."""
+    found = _LIBPQ_MULTI_HOST.match(url)
+    if found is None:
+        return url
+    hosts = "&".join(f"host={host}" for host in found["hosts"].split(",") if host)
+    query = f"{hosts}&{found['query']}" if found["query"] else hosts
+    return f"{found['scheme']}{found['user'] or ''}{found['path'] or '/'}?{query}"
 
 
 def create_private_sqlite_file(path: Path) -> None:
