@@ -48,6 +48,8 @@ end
 
 local UNAVAILABLE_MESSAGE = "gpucredit: credit check unavailable (ledger unreachable); "
     .. "job refused by site policy; try again shortly or contact your admin"
+local UNCHECKED_MESSAGE = "gpucredit: credit check unavailable (ledger unreachable); "
+    .. "job accepted by site policy, unquoted; it is charged once the ledger is back"
 
 local SUCCESS = slurm.SUCCESS or 0
 local ERROR = slurm.ERROR or -1
@@ -537,6 +539,7 @@ local function on_failure(why)
         -- account's and the fleet's outage credit lines once it is allocated, and holds
         -- it with a reason past a line (docs/outage.md).
         pcall(slurm.log_info, "gpucredit: credit check failed (%s); job accepted by site policy", why)
+        pcall(slurm.log_user, "%s", UNCHECKED_MESSAGE)  -- the user is told it was not checked
         return SUCCESS
     end
     pcall(slurm.log_error, "gpucredit: credit check failed (%s); job refused by site policy", why)

@@ -29,6 +29,7 @@ from tests.support.lua_job_submit import (
     NO_VAL,
     SCRIPT,
     UNAVAILABLE,
+    UNCHECKED,
     decision,
     lua_literal,
     lua_problem,
@@ -210,7 +211,7 @@ def test_daemon_down_follows_policy(sockdir: Path, tmp_path: Path, policy: str) 
         assert outcome.error[0].endswith("; job refused by site policy")
     else:
         assert outcome.rc == 0
-        assert outcome.user == []
+        assert outcome.user == [UNCHECKED]
         assert outcome.error == []
         assert "job accepted by site policy" in outcome.info[0]
 
@@ -248,7 +249,7 @@ def test_garbled_or_error_reply_follows_policy(
     assert outcome.user == [UNAVAILABLE]
     outcome = run_script(tmp_path, daemon.path, policy="accept")
     assert outcome.rc == 0
-    assert outcome.user == []
+    assert outcome.user == [UNCHECKED]
 
 
 def test_missing_luasocket_still_loads_and_follows_policy(tmp_path: Path, sockdir: Path) -> None:

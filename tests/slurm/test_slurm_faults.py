@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -427,6 +427,114 @@ def test_database_stopped_at_submit_and_prolog_holds_the_job_then_it_runs_once(
         faults.wait_hook("epilog-slurmctld", job, "settled hold")
     holds = faults.check(account, {submitted: PRICES["h100"], parked: PRICES["h100"]}, since)
     assert [h.run for job in (submitted, parked) for h in holds[job]] == [1, 1]  # run 0: the refused start
+
+
+def test_an_outage_past_the_snapshots_30_seconds_refuses_at_submit_and_says_why(faults: Faults) -> None:
+    """For 30 s after the database last answered, job_submit quotes from the daemons'
+    snapshot; past that it has no figures it may trust, and under reject sbatch is refused
+    with the reason. Database back, sbatch is quoted again."""
+    account = faults.new_account("10")
+    args = ["--parsable", "-A", account, "--hold", "--gres=gpu:h100:1", "-t", "1", "--wrap", "true"]
+    # Accepted with the database up: the daemons' snapshot now knows the new account.
+    accepted: list[int] = [faults.box.submit(args[1:])]
+    faults.stop_database()
+    try:
+        deadline = time.monotonic() + 120  # a guard against a snapshot trusted for ever
+        while True:
+            rc, out, err = faults.box.sbatch(args)
+            if rc != 0:
+                break
+            assert "gpucredit: ~0.06 credits" in err  # still quoted from the snapshot
+            accepted.append(int(out.strip()))
+            assert time.monotonic() < deadline, "job_submit kept quoting from a snapshot past 30 s"
+            time.sleep(1)
+        assert len(accepted) > 1, f"the snapshot was not trusted even at the start of the outage: {err}"
+        assert err.splitlines()[0] == (
+            "sbatch: error: gpucredit: credit check unavailable (ledger unreachable); "
+            "job refused by site policy; try again shortly or contact your admin"
+        )
+    finally:
+        faults.start_database()
+        for job in accepted:
+            run(["/usr/bin/scancel", str(job)], check=False)
+    deadline = time.monotonic() + 30
+    while True:  # the daemons' next snapshot, a second or so after the database answers
+        rc, out, err = faults.box.sbatch(args)
+        if rc == 0:
+            break
+        assert time.monotonic() < deadline, err
+        time.sleep(0.5)
+    run(["/usr/bin/scancel", out.strip()], check=False)
+    assert "gpucredit: ~0.06 credits (1×h100 × 1 min), 10.00 available in " + account in err
+
+
+def test_a_lease_the_meter_cannot_renew_while_the_database_is_down_is_caught_up_after(
+    faults: Faults, since: datetime
+) -> None:
+    """Lease mode (a 20 s window, the meter every 2 s): the database stops while a job runs,
+    the meter's ticks fail (its renewal cannot be taken), the job runs past what its hold
+    covers; database back, the next tick charges the seconds run and renews the lease, and
+    the run's final charge is exact."""
+    account = faults.new_account("10")
+    lease = '[holds]\nmode = "lease"\nlease_seconds = 20\n[meter]\ninterval_seconds = 2\n'
+    faults.config_path.write_text(faults.config_path.read_text() + lease)
+    faults.stop_daemon()
+    faults.start_daemon()
+    env = {**os.environ, "GPUCREDIT_CONFIG": str(faults.config_path)}
+    meter_log = RUN_DIR / "meter-lease.log"
+    meter_log.unlink(missing_ok=True)
+    gate = Gate()
+    meter = None
+    down = False
+    try:
+        job = submit(faults, account, "--gres=gpu:h100:1", "-t", "5", "--wrap", gate.wrap)
+        faults.box.wait_state(job, "RUNNING", timeout=30)
+        faults.wait_hook("prolog-slurmctld", job, "hold ")
+        [hold] = faults.holds(job, account)
+        assert (hold.lease_seconds, hold.amount_ucredits) == (20, 20 * 1000)  # 20 s of 1×h100
+        with open(meter_log, "ab") as out:
+            meter = subprocess.Popen(
+                [GPUCREDIT, "bridge", "meter", "--interval", "2"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: "meter tick:" in meter_log.read_text(), meter, meter_log)
+        [hold] = faults.holds(job, account)
+        covered = hold.amount_ucredits // 1000  # seconds the hold covers now
+        faults.stop_database()
+        down = True
+        wait_for(lambda: "meter tick failed" in meter_log.read_text(), meter, meter_log)
+        while utcnow() < hold.started_at + timedelta(seconds=covered + 4):  # past its lease
+            assert faults.box.job_state(job) == "RUNNING"
+            time.sleep(0.5)
+        faults.start_database()
+        down = False
+        caught_up = len(meter_log.read_text())
+        wait_for(lambda: "'renewed': 1" in meter_log.read_text()[caught_up:], meter, meter_log)
+        [after] = faults.holds(job, account)
+        assert after.charged_seconds > covered  # the seconds run while down, charged
+        assert after.amount_ucredits >= charge_for(after.rate_ucredits_per_hour, after.charged_seconds + 10)
+        gate.open()
+        faults.box.wait_state(job, "COMPLETED", timeout=90)
+        faults.wait_hook("epilog-slurmctld", job, "settled hold")
+    finally:
+        if meter is not None:
+            meter.kill()
+            meter.wait(10)
+        if down:
+            faults.start_database()
+        faults.write_config(faults.policy)
+        faults.stop_daemon()
+        faults.start_daemon()
+    faults.check(account, {job: PRICES["h100"]}, since)
+
+
+def wait_for(condition: Callable[[], bool], process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
 
 
 def test_database_stopped_while_running_and_back_before_the_epilog(faults: Faults, since: datetime) -> None:

@@ -25,6 +25,10 @@ UNAVAILABLE = (
     "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy; "
     "try again shortly or contact your admin"
 )
+UNCHECKED = (
+    "gpucredit: credit check unavailable (ledger unreachable); job accepted by site policy, "
+    "unquoted; it is charged once the ledger is back"
+)
 
 
 def lua_problem() -> str | None:
