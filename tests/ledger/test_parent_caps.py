@@ -5,8 +5,6 @@ leaves such holds to create_hold) and with siblings racing one parent's cap."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,8 +12,8 @@ from typing import Any
 import pytest
 
 from ledger import api
-from ledger.errors import LedgerError, LimitExceeded
-from ledger.store.db import make_engine, make_sessionmaker
+from ledger.errors import LimitExceeded
+from tests.support.siblings import race
 
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
 HOUR = 3600
@@ -105,22 +103,11 @@ def test_the_batch_leaves_a_hold_under_a_capped_parent_to_create_hold(tx: Callab
 
 
 SIBLINGS = 4
-BARRIER_TIMEOUT_S = 120  # a guard against a hung worker, never a measurement
 
 
-def _sibling(url: str, worker: int, barrier: Any, results: Any) -> None:
-    engine = make_engine(url, pool_size=1)
-    try:
-        barrier.wait(timeout=BARRIER_TIMEOUT_S)
-        with make_sessionmaker(engine)() as s, s.begin():
-            try:
-                results.put((worker, "held", hold(s, f"kid{worker}", 100 + worker, 3).id))
-            except LedgerError as error:
-                results.put((worker, "refused", error.code))
-    except BaseException:
-        results.put((worker, "crashed", traceback.format_exc()))
-    finally:
-        engine.dispose()
+def _take(s: Any, worker: int) -> int:
+    """One sibling's job: 3×h100 for an hour."""
+    return hold(s, f"kid{worker}", 100 + worker, 3).id
 
 
 def test_siblings_racing_a_parents_cap_never_pass_it(db_url: str, tx: Callable[[], Any]) -> None:
@@ -132,16 +119,6 @@ def test_siblings_racing_a_parents_cap_never_pass_it(db_url: str, tx: Callable[[
             api.create_account(s, f"kid{w}", parent="dept")
             api.topup(s, f"kid{w}", "100", effective_at=AT - timedelta(hours=1), at=AT - timedelta(hours=1))
         api.set_limits(s, "dept", max_gpus=7)
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(SIBLINGS)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_sibling, args=(db_url, w, barrier, results)) for w in range(SIBLINGS)]
-    for p in procs:
-        p.start()
-    reports = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    crashed = [r for r in reports if r[1] == "crashed"]
-    assert not crashed, crashed[0][2]
-    assert sorted(kind for _, kind, _ in reports) == ["held", "held", "refused", "refused"]
-    assert {code for _, kind, code in reports if kind == "refused"} == {"concurrent_gpus"}
+    outcomes = race(db_url, SIBLINGS, _take)
+    assert sorted(kind for kind, _ in outcomes) == ["held", "held", "refused", "refused"]
+    assert {code for kind, code in outcomes if kind == "refused"} == {"concurrent_gpus"}

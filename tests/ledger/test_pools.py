@@ -7,9 +7,7 @@ the batch path (the daemon's) and siblings racing one pool in separate processes
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import re
-import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,9 +18,9 @@ from sqlalchemy import select
 
 from ledger import api
 from ledger.errors import InsufficientCredits, InvalidInput, LedgerError
-from ledger.store.db import make_engine, make_sessionmaker
 from ledger.store.tables import entries_t, pool_loans_t
 from tests.support.cli import cli_for, dispose_engine
+from tests.support.siblings import race
 
 AT = datetime(2026, 12, 2, 10, tzinfo=UTC)
 HOUR = 3600
@@ -225,23 +223,11 @@ def test_the_cli_turns_a_pool_on_and_shows_it_in_the_tree(gc: Callable[..., Resu
 # -- siblings racing one pool, each in its own process --------------------------------------------
 
 SIBLINGS = 4
-BARRIER_TIMEOUT_S = 120  # a guard against a hung worker, never a measurement
 
 
-def _sibling(url: str, worker: int, barrier: Any, results: Any) -> None:
-    engine = make_engine(url, pool_size=1)
-    try:
-        barrier.wait(timeout=BARRIER_TIMEOUT_S)
-        with make_sessionmaker(engine)() as s, s.begin():
-            try:
-                held = hold(s, f"kid{worker}", 100 + worker, gpus=2)  # 7.20 each
-                results.put((worker, "held", held.id))
-            except LedgerError as error:
-                results.put((worker, "refused", error.code))
-    except BaseException:
-        results.put((worker, "crashed", traceback.format_exc()))
-    finally:
-        engine.dispose()
+def _take(s: Any, worker: int) -> int:
+    """One sibling's job: 2×h100 for an hour."""
+    return hold(s, f"kid{worker}", 100 + worker, gpus=2).id
 
 
 def test_siblings_racing_one_pool_never_overdraw_it(db_url: str, tx: Callable[[], Any]) -> None:
@@ -255,19 +241,9 @@ def test_siblings_racing_one_pool_never_overdraw_it(db_url: str, tx: Callable[[]
             api.create_account(s, f"kid{w}")
             api.set_parent(s, f"kid{w}", "dept")
         api.set_pool(s, "dept", True, None, at=AT - timedelta(minutes=30))
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(SIBLINGS)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_sibling, args=(db_url, w, barrier, results)) for w in range(SIBLINGS)]
-    for p in procs:
-        p.start()
-    reports = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    crashed = [r for r in reports if r[1] == "crashed"]
-    assert not crashed, crashed[0][2]
-    assert sorted(kind for _, kind, _ in reports) == ["held", "held", "refused", "refused"]
-    assert {code for _, kind, code in reports if kind == "refused"} == {"insufficient_credits"}
+    outcomes = race(db_url, SIBLINGS, _take)
+    assert sorted(kind for kind, _ in outcomes) == ["held", "held", "refused", "refused"]
+    assert {code for kind, code in outcomes if kind == "refused"} == {"insufficient_credits"}
     with tx() as s:
         assert available(s, "dept") == "0.60"
         lent = s.execute(select(pool_loans_t.c.taken_ucredits)).scalars().all()
