@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
+from pathlib import Path
 
 import click
 
@@ -54,13 +55,19 @@ def priced_gres_types() -> tuple[list[str], str]:
     why: AccountingStorageTRES must name every type billed, or Slurm records no seconds
     for it."""
     try:
+        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import SQLAlchemyError
 
         from ledger import api
         from ledger.cli_support import transaction
+        from ledger.config import load_config
         from ledger.errors import LedgerError
     except ImportError as exc:
         return list(DEFAULT_GRES), f"the ledger cannot be read here ({exc})"
+    url = make_url(str(load_config()["database"]["url"]))
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        # Reading would create the file (as whoever runs this, before `gpucredit init`).
+        return list(DEFAULT_GRES), f"the ledger is not initialised yet ({url.database} does not exist)"
     try:
         with transaction() as s:
             types = list(dict.fromkeys(str(row["gres"]) for row in api.list_prices(s)))

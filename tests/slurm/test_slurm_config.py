@@ -105,7 +105,10 @@ def test_config_gres_types_are_the_ones_the_ledger_prices(tmp_path: Path) -> Non
     fresh = CliRunner().invoke(slurm, ["config"], env=env)
     assert fresh.exit_code == 0
     assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:h100\n" in fresh.stdout
-    assert fresh.stderr.startswith("note: the ledger's prices cannot be read (no such table: prices)")
+    assert fresh.stderr.startswith(
+        f"note: the ledger is not initialised yet ({tmp_path / 'ledger.db'} does not exist)"
+    )
+    assert not (tmp_path / "ledger.db").exists()  # reading the prices created no database
     assert fresh.stderr.endswith(": the lines name a100,h100; name yours with --gres\n")
     engine = make_engine(url)
     upgrade(engine)
