@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from fractions import Fraction
 
-from job_submit.pricing import PartitionTypes, job_text, typed_gpus
+from job_submit.pricing import PartitionTypes, credit_words, job_text, typed_gpus
 from job_submit.request import InvalidRequest, JobRequest, parse_submit
 from job_submit.route_answer import NoTimeLimit, answer_routed
 from ledger.api import RoutingConfig, Snapshot
@@ -132,16 +132,7 @@ def _estimate(
         tasks=request.array_tasks,
     )
     cost = format_credits(estimate.cost_ucredits)
-    available, only = (
-        f"{format_credits(estimate.available_ucredits)} available in {request.account}",
-        f"{format_credits(estimate.available_ucredits)} are available in {request.account}",
-    )
-    if estimate.pool.lender is not None:
-        # "0.00 in grpc + 20.00 from dept's pool": what the hold would borrow, and whose
-        available = only = (
-            f"{format_credits(estimate.available_ucredits)} in {request.account} + "
-            f"{format_credits(estimate.pool.ucredits)} from {estimate.pool.lender}'s pool"
-        )
+    available, only = credit_words(estimate, request.account)
     what = job_text(gpus, seconds, request.array_tasks)
     breach = estimate.limit_breach
     if breach is not None:

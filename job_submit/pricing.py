@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from job_submit.request import JobRequest
-from ledger.api import Snapshot
+from ledger.api import Estimate, Snapshot
 from ledger.errors import LedgerError
+from ledger.money import format_credits
 
 # The GPU types a partition offers, as the daemon last read them (None: not read yet).
 PartitionTypes = Callable[[str | None], list[str] | None]
@@ -57,3 +58,15 @@ def typed_gpus(
             "(partitions not read from Slurm yet)"
         )
     return typed, f"; untyped GPUs estimated as {dearest}, the dearest type here"
+
+
+def credit_words(estimate: Estimate, account: str) -> tuple[str, str]:
+    """What the account has, as an accepted job's message says it and as a refusal's
+    "but only ..." does: "20.00 available in grpc" / "20.00 are available in grpc", or, with
+    a parent's pool, "0.00 in grpc + 20.00 from dept's pool" for both."""
+    own = format_credits(estimate.available_ucredits)
+    if estimate.pool.lender is not None:
+        lent = format_credits(estimate.pool.ucredits)
+        pooled = f"{own} in {account} + {lent} from {estimate.pool.lender}'s pool"
+        return pooled, pooled
+    return f"{own} available in {account}", f"{own} are available in {account}"

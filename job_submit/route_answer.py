@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from job_submit.pricing import PartitionTypes, job_text, typed_gpus
+from job_submit.pricing import PartitionTypes, credit_words, job_text, typed_gpus
 from job_submit.request import JobRequest, parse_submit
 from ledger.api import CostLimit, PartitionOption, Route, RoutingConfig, Snapshot, candidate_partitions, route
 from ledger.errors import LedgerError
@@ -207,8 +207,7 @@ def _refusal(
     else:
         message = (
             f"this job would cost ~{format_credits(estimate.cost_ucredits)} credits ({what}) but only "
-            f"{format_credits(estimate.available_ucredits)} are available in {account}. "
-            + top_up_hint.replace("{account}", account)
+            f"{credit_words(estimate, account)[1]}. " + top_up_hint.replace("{account}", account)
         )
     return {"decision": "reject", "message": f"{TAG}: {message}"}
 
