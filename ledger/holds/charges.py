@@ -194,13 +194,10 @@ def apply_charge(s: Session, account: LockedAccount, hold: HoldState, charge: Ch
     s.execute(update(holds_t).where(holds_t.c.id == hold.id).values(**values))
     if unplaced:
         create_grant(s, account, unplaced, source="refund", at=charge.at, user=hold.user)
-    if charge.new_state is not None or delta_of(hold, charge) < 0:
+    if charge.new_state is not None or charge.target_ucredits < hold.charged_ucredits:
+        # resolved, or a charge lowered: what is left of a loan from a pool goes back
         return_unused(s, account, grants, charge.at, user=hold.user)
     return dataclasses.replace(hold, **values)
-
-
-def delta_of(hold: HoldState, charge: Charge) -> int:
-    return charge.target_ucredits - hold.charged_ucredits
 
 
 def plan_charge(
