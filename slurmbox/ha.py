@@ -194,6 +194,13 @@ def _postgres_ids() -> tuple[int, int]:
 def _prepare_dirs() -> None:
     uid, gid = _postgres_ids()
     HA_DIR.mkdir(parents=True, exist_ok=True)
+    # Patroni and PostgreSQL run as postgres, which must pass through the folders above
+    # their own. `var/` is 0700 once the embedded ledger made it (ledger.store.db): let
+    # others through (x), never list it; its files keep their own modes (the ledger 0600).
+    for folder in (HA_DIR.parent, HA_DIR):
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            folder.chmod(mode | 0o001)
     (HA_DIR / "etcd").mkdir(mode=0o700, exist_ok=True)
     for node in NODES:
         node.dir.mkdir(mode=0o700, exist_ok=True)
