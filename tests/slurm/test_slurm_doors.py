@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from ledger import api
-from slurmbox import run
 from tests.support.cluster import PRICES, Books, Cluster, sacct_runs
 
 pytestmark = pytest.mark.slurm
@@ -135,11 +134,11 @@ def test_renaming_a_pending_or_running_job_never_skips_its_hold_or_its_settle(
 ) -> None:
     account = cluster.new_account("10")
     pending = cluster.box.submit(["-A", account, "-H", "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 2"])
-    run(["/usr/bin/scontrol", "update", f"jobid={pending}", "name=p\nq JobState=COMPLETED"])
-    run(["/usr/bin/scontrol", "release", str(pending)])
+    cluster.box.run(["scontrol", "update", f"jobid={pending}", "name=p\nq JobState=COMPLETED"], check=True)
+    cluster.box.run(["scontrol", "release", str(pending)], check=True)
     running = cluster.box.submit(["-A", account, "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 6"])
     cluster.box.wait_state(running, "RUNNING", timeout=60)
-    run(["/usr/bin/scontrol", "update", f"jobid={running}", "name=r\u2028s"])
+    cluster.box.run(["scontrol", "update", f"jobid={running}", "name=r\u2028s"], check=True)
     for job in (pending, running):
         cluster.box.wait_state(job, "COMPLETED", timeout=60)
         # settled by its own epilog, not later by the bridge
@@ -160,10 +159,10 @@ def test_a_request_slurm_left_inconsistent_is_still_charged_to_the_second(
     job ends), so only the bridge can charge it."""
     account = cluster.new_account("10")
     job = cluster.box.submit(["-A", account, "-H", "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 5"])
-    run(["/usr/bin/scontrol", "update", f"jobid={job}", "TresPerNode=gres:gpu:h100:1"])
-    run(["/usr/bin/scontrol", "release", str(job)])
+    cluster.box.run(["scontrol", "update", f"jobid={job}", "TresPerNode=gres:gpu:h100:1"], check=True)
+    cluster.box.run(["scontrol", "release", str(job)], check=True)
     cluster.box.wait_state(job, "RUNNING", timeout=60)
-    run(["/usr/bin/scontrol", "update", f"jobid={job}", "name=t\nu"])
+    cluster.box.run(["scontrol", "update", f"jobid={job}", "name=t\nu"], check=True)
     cluster.stop_daemon()
     try:
         cluster.box.wait_state(job, "COMPLETED", timeout=60)
@@ -194,7 +193,7 @@ def test_a_job_over_a_cap_on_its_own_is_held_once_and_told_why(cluster: Cluster,
     job = cluster.box.submit(["-A", account, "-H", "--gres=gpu:a100:1", "-t", "20", "--wrap", "sleep 2"])
     with cluster.tx() as s:  # set after submit, as an admin might: job_submit saw no cap
         api.set_limits(s, account, user="alice", daily_cap="0.5")
-    run(["/usr/bin/scontrol", "release", str(job)])
+    cluster.box.run(["scontrol", "release", str(job)], check=True)
     comment = wait_for("the refusal", lambda: cluster.box.scontrol_job(job).get("Comment", "").strip())
     assert comment == (
         f"gpucredit: user alice in account {account}: 0.666667 credits today would exceed the daily cap "
