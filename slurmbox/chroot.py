@@ -53,6 +53,7 @@ from pathlib import Path
 from slurm_hooks.admin import slurmconf
 from slurmbox import rootfs
 from slurmbox.box import (
+    _DETACHED,
     ACCOUNTS,
     CONF_DIR,
     CPUS_PER_NODE,
@@ -345,7 +346,11 @@ class ChrootBox(BoxCommands):
                 raise BoxError(
                     message.strip() or f"box supervisor exited ({proc.poll()}); see {log}:\n{_tail(log)}"
                 )
-            if not detach:
+            if detach:
+                # It outlives this process; dropped, its Popen would warn "still running"
+                # (an error under pytest, when a test rebuilds a `make slurm-up` box).
+                _DETACHED.append(proc)
+            else:
                 self._supervisor = proc
         return {"seconds": time.monotonic() - started, "rootfs": built, "said": lines[1:], "reused": False}
 

@@ -93,5 +93,5 @@ def test_a_checkout_paid_through_the_portal_releases_a_job_held_for_credit(
     assert delivered.get_json()["payment"]["state"] == "paid"
 
     assert cluster.box.wait_state(job, "COMPLETED", timeout=90) == "COMPLETED"
-    [hold] = cluster.holds(job, account)  # the refused start (run 0) took none
+    [hold] = cluster.settled_holds(job, account)  # the refused start (run 0) took none
     assert (hold.run, hold.state) == (1, "settled")

@@ -52,7 +52,7 @@ def e2e_dir(box: Box, name: str = "gpucredit-e2e") -> Path:
 
 
 def in_box(box: Box, path: Path) -> str:
-    """`path` (as this process sees it, under e2e_dir) as the box's hooks see it."""
+    """`path` (as this process sees it, in the box) as the box's daemons, hooks and jobs see it."""
     return "/" + str(path.relative_to(box.root)) if isinstance(box, ChrootBox) else str(path)
 
 
@@ -206,6 +206,16 @@ class Cluster:
         with self.tx() as s:
             holds = [api.get_hold(s, hold_id) for hold_id in s.execute(query).scalars()]
         return sorted((h for h in holds if h.account == account), key=lambda h: h.run)
+
+    def settled_holds(self, job_id: int, account: str, runs: int = 1, timeout: float = 30) -> list[HoldState]:
+        """holds() once `runs` of them are settled: a job's end is in sacct before its
+        EpilogSlurmctld has settled on 24.11 and 26.05 (22.05 mostly the other way round)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            holds = self.holds(job_id, account)
+            if sum(h.state == "settled" for h in holds) >= runs or time.monotonic() > deadline:
+                return holds
+            time.sleep(0.2)
 
 
 class _Tx:
