@@ -39,15 +39,16 @@ def sacctmgr(box: Box, *args: str) -> None:
     box.run(["sacctmgr", "--immediate", *args], check=True)
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll `check` every half second until it returns something true."""
+def wait_until(check: Callable[[], object], timeout: float, what: str, seen: object = None) -> object:
+    """Poll `check` every half second until it returns something true; `seen` is in the
+    failure's message."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
+            raise AssertionError(f"{what}: not within {timeout:g} s{f'; saw {seen}' if seen else ''}")
         time.sleep(0.5)
 
 
@@ -175,9 +176,12 @@ def test_the_better_funded_accounts_pending_job_ranks_higher(site: Site) -> None
         for account in (RICH, POOR)
     }
 
+    seen: list[str] = []  # sprio's last answer, and sshare's, for a failure's message
+
     def fairshare_priorities() -> dict[str, int] | None:
-        jobs = ",".join(str(job) for job in pending.values())
-        out = site.box.run(["sprio", "-h", "-j", jobs, "-o", "%i|%F"]).stdout
+        # Every pending job, not `-j A,B`: 24.11 refuses a list ("Invalid job id: A").
+        out = site.box.run(["sprio", "-h", "-o", "%i|%F"]).stdout
+        seen[:] = [out, site.box.run(["sshare", "-a", "-l"]).stdout]
         weighted = {
             row["job"].strip(): int(float(row["fairshare"]))
             for row in parse_parsable(out, ("job", "fairshare"))
@@ -185,6 +189,6 @@ def test_the_better_funded_accounts_pending_job_ranks_higher(site: Site) -> None
         by_account = {account: weighted.get(str(job), 0) for account, job in pending.items()}
         return by_account if by_account[RICH] > by_account[POOR] else None
 
-    ranked = wait_until(fairshare_priorities, 90, "the richer account's job ahead on fairshare")
+    ranked = wait_until(fairshare_priorities, 90, "the richer account's job ahead on fairshare", seen)
     assert ranked
     assert {site.box.job_state(job) for job in pending.values()} == {"PENDING"}

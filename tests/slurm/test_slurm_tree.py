@@ -57,14 +57,15 @@ def sacctmgr(box: Box, *args: str) -> None:
     box.run(["sacctmgr", "--immediate", *args], check=True)
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
+def wait_until(check: Callable[[], object], timeout: float, what: str, seen: object = None) -> object:
+    """Poll `check` until it returns something true; `seen` is in the failure's message."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
+            raise AssertionError(f"{what}: not within {timeout:g} s{f'; saw {seen}' if seen else ''}")
         time.sleep(0.5)
 
 
@@ -192,9 +193,12 @@ def test_the_better_funded_subtree_ranks_higher_at_the_top_level(site: Site) -> 
         for account in (GB, SOLO)
     }
 
+    seen: list[str] = []  # sprio's last answer, and sshare's, for a failure's message
+
     def fairshare_priorities() -> dict[str, int] | None:
-        jobs = ",".join(str(job) for job in pending.values())
-        out = site.box.run(["sprio", "-h", "-j", jobs, "-o", "%i|%F"]).stdout
+        # Every pending job, not `-j A,B`: 24.11 refuses a list ("Invalid job id: A").
+        out = site.box.run(["sprio", "-h", "-o", "%i|%F"]).stdout
+        seen[:] = [out, site.box.run(["sshare", "-a", "-l"]).stdout]
         weighted = {
             row["job"].strip(): int(float(row["fairshare"]))
             for row in parse_parsable(out, ("job", "fairshare"))
@@ -202,7 +206,7 @@ def test_the_better_funded_subtree_ranks_higher_at_the_top_level(site: Site) -> 
         by_account = {account: weighted.get(str(job), 0) for account, job in pending.items()}
         return by_account if by_account[GB] > by_account[SOLO] else None
 
-    assert wait_until(fairshare_priorities, 90, "the department's job ahead of solo's on fairshare")
+    assert wait_until(fairshare_priorities, 90, "the department's job ahead of solo's on fairshare", seen)
     shares = site.sshare()
     assert float(shares[(GB, "alice")]["fairshare"]) > float(shares[(SOLO, "alice")]["fairshare"])
     assert {site.box.job_state(job) for job in pending.values()} == {"PENDING"}
