@@ -18,3 +18,16 @@ slurm-status:  ## JSON: up?, daemon pids, hooks mode
 
 slurm-rootfs: venv  ## build (or find cached) the root filesystem of a chroot version (SLURM=24.11|26.05)
 	$(BIN)/python -m slurmbox rootfs --slurm $(SLURM)
+
+# The Slurm end-to-end suite (tests/slurm's box tests; `make test` runs them on the host's
+# 22.05) on each newer Slurm in its chroot box: one pytest session, one box start per
+# version. The versions' own modules (test_slurm_versions*.py) are left out: `make test`
+# runs them in every box already.
+SLURM_VERSIONS ?= 24.11 26.05
+.PHONY: test-slurm-versions
+test-slurm-versions: venv  ## tests/slurm's box tests on each of SLURM_VERSIONS (as root; minutes each)
+	@set -e; for v in $(SLURM_VERSIONS); do \
+	  echo "== tests/slurm on Slurm $$v"; \
+	  GPUCREDIT_E2E_SLURM=$$v $(BIN)/python -m pytest tests/slurm -m slurm \
+	    --ignore=tests/slurm/test_slurm_versions.py --ignore=tests/slurm/test_slurm_versions_e2e.py; \
+	done

@@ -287,8 +287,159 @@ def install_hint() -> str:
 _DETACHED: list[subprocess.Popen[bytes]] = []  # supervisors started with detach=True
 
 
+class BoxCommands:
+    """Jobs and Slurm commands against a running box, on whichever Slurm version it runs:
+    every call goes through the box's own `run` (SlurmBox: the host's clients; ChrootBox:
+    the version's clients inside its root), so the end-to-end tests run on any box."""
+
+    hook_dir: str = slurmconf.DEFAULT_HOOK_DIR
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60,
+        input: str | None = None,
+        cwd: str = str(JOB_DIR),
+        env: dict[str, str] | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        raise NotImplementedError
+
+    def inside(self, path: str) -> Path:
+        raise NotImplementedError
+
+    def use_hooks(self, mode: str | None = None) -> str:
+        raise NotImplementedError
+
+    def sbatch(self, args: Sequence[str], user: str = "alice", timeout: float = 30) -> tuple[int, str, str]:
+        """Run sbatch as `user` (runuser); returns (rc, stdout, stderr)."""
+        proc = self.run(["sbatch", *args], user=user, timeout=timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def run_as(self, user: str, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run a command as `user` (runuser) in JOB_DIR; never raises on its exit code."""
+        return self.run(argv, user=user, timeout=timeout)
+
+    def submit(self, args: Sequence[str], user: str = "alice") -> int:
+        """sbatch --parsable; returns the job id, raises when sbatch refuses."""
+        rc, out, err = self.sbatch(["--parsable", *args], user=user)
+        if rc != 0:
+            raise BoxError(f"sbatch {' '.join(args)} as {user}: exit {rc}: {err.strip()}")
+        return int(out.strip().split(";")[0])
+
+    def job_state(self, job_id: int | str, *, accounting: bool = False) -> str | None:
+        """First word of the job's state: squeue's (live), or sacct's latest run."""
+        if accounting:
+            rows = self.sacct_rows(job_id, all_runs=False)
+            # A job that ends within a second of starting can briefly show a
+            # half-written record (JobName "allocation", no Partition/ReqTRES).
+            if not rows or not rows[0]["Partition"] or not rows[0]["ReqTRES"]:
+                return None
+            return rows[0]["State"].split()[0]
+        proc = self.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"])
+        return proc.stdout.strip().split()[0] if proc.returncode == 0 and proc.stdout.strip() else None
+
+    def wait_state(self, job_id: int | str, states: str | Iterable[str], timeout: float = 60) -> str:
+        """Wait until the job is in one of `states`; returns the state reached.
+
+        Only terminal states (COMPLETED, FAILED, ...): waits for sacct, so the
+        accounting record the bridge reads is there. Otherwise polls squeue.
+        """
+        wanted = {states} if isinstance(states, str) else set(states)
+        accounting = wanted <= TERMINAL_STATES
+        state: str | None = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id, accounting=accounting)
+            if state in wanted:
+                return state
+            time.sleep(0.1)
+        job = self.run(["scontrol", "show", "job", str(job_id)]).stdout
+        raise TimeoutError(f"job {job_id} not in {sorted(wanted)} after {timeout} s (last: {state})\n{job}")
+
+    def sacct_rows(self, job_id: int | str, *, all_runs: bool = True) -> list[dict[str, str]]:
+        """sacct allocation lines of the job (one per run with all_runs, -D)."""
+        argv = [
+            "sacct",
+            "-j",
+            str(job_id),
+            "-X",
+            "--noheader",
+            "--parsable2",
+            f"--delimiter={_SACCT_DELIMITER}",
+            "-o",
+            ",".join(SACCT_FIELDS),
+        ]
+        if all_runs:
+            argv.append("-D")
+        rows = []
+        record = None
+        # A job name or comment may hold line breaks of any kind: a record ends only once
+        # it has all its delimiters (split on "\n" alone, never on what splitlines knows).
+        for piece in self.run(argv, check=True).stdout.split("\n"):
+            record = piece if record is None else record + "\n" + piece
+            if record.count(_SACCT_DELIMITER) >= len(SACCT_FIELDS) - 1:
+                rows.append(dict(zip(SACCT_FIELDS, record.split(_SACCT_DELIMITER), strict=True)))
+                record = None
+        return rows
+
+    def scontrol_job(self, job_id: int | str) -> dict[str, str]:
+        """`scontrol show job -o` as a dict (values with spaces kept whole)."""
+        text = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=True).stdout.strip()
+        return parse_scontrol(text)
+
+    def scontrol(self, *args: str) -> str:
+        return self.run(["scontrol", *args], check=True).stdout
+
+    @contextlib.contextmanager
+    def custom_hook(self, hook: str, script: str) -> Iterator[Path]:
+        """Replace one hook shim by `script` (for experiments); restore on exit. Returns
+        the shim as this process sees it."""
+        path = self.inside(self.hook_dir) / slurmconf.shim_name(hook)
+        _write(path, script, 0o755)
+        try:
+            yield path
+        finally:
+            self.use_hooks()
+
+
+def _run_env(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    input: str | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            cwd=cwd,
+            env=env,
+            preexec_fn=preexec_fn,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise BoxError(f"{' '.join(argv)}: timed out after {timeout} s") from e
+
+
+def _checked(proc: subprocess.CompletedProcess[str], argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    if proc.returncode != 0:
+        raise BoxError(
+            f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return proc
+
+
 @dataclass
-class SlurmBox:
+class SlurmBox(BoxCommands):
     """Handle on the cluster in a box; cheap to create (no I/O here).
 
     hooks: "gpucredit" (shims run `gpucredit hook ...` as `gpucredit slurm install`
@@ -370,16 +521,6 @@ class SlurmBox:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         _write(RUN_DIR / "hooks", f"{resolved} {' '.join(command)} {lua}\n")
         return resolved
-
-    @contextlib.contextmanager
-    def custom_hook(self, hook: str, script: str) -> Iterator[Path]:
-        """Replace one hook shim by `script` (for experiments); restore on exit."""
-        path = Path(self.hook_dir) / slurmconf.shim_name(hook)
-        _write(path, script, 0o755)
-        try:
-            yield path
-        finally:
-            self.use_hooks()
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -531,89 +672,39 @@ class SlurmBox:
         os.kill(supervisor, signal.SIGUSR1)
         _wait_until(self.is_up, self.timeout_s, "box did not recover", [LOG_DIR / "box.log"])
 
-    # ---- jobs ----------------------------------------------------------------
+    # ---- commands ------------------------------------------------------------
 
-    def sbatch(self, args: Sequence[str], user: str = "alice", timeout: float = 30) -> tuple[int, str, str]:
-        """Run sbatch as `user` (runuser); returns (rc, stdout, stderr)."""
-        proc = self.run_as(user, ["/usr/bin/sbatch", *args], timeout=timeout)
-        return proc.returncode, proc.stdout, proc.stderr
+    def inside(self, path: str) -> Path:
+        """A path as the box's daemons and hooks see it, as this process sees it: the same
+        path on the host's box (a chroot box's is under its root)."""
+        return Path(path)
 
-    def run_as(self, user: str, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        """Run a command as `user` (runuser) in JOB_DIR; never raises on its exit code."""
-        if user != "root":
-            argv = ["/usr/sbin/runuser", "-u", user, "--", *argv]
-        return run(argv, check=False, timeout=timeout, cwd=JOB_DIR)
+    def client_dir(self) -> str:
+        """Where gpucredit on this host (its daemon and CLI, `slurm.bin_dir`) finds this
+        box's Slurm client commands."""
+        return "/usr/bin"
 
-    def submit(self, args: Sequence[str], user: str = "alice") -> int:
-        """sbatch --parsable; returns the job id, raises when sbatch refuses."""
-        rc, out, err = self.sbatch(["--parsable", *args], user=user)
-        if rc != 0:
-            raise BoxError(f"sbatch {' '.join(args)} as {user}: exit {rc}: {err.strip()}")
-        return int(out.strip().split(";")[0])
-
-    def job_state(self, job_id: int | str, *, accounting: bool = False) -> str | None:
-        """First word of the job's state: squeue's (live), or sacct's latest run."""
-        if accounting:
-            rows = self.sacct_rows(job_id, all_runs=False)
-            # A job that ends within a second of starting can briefly show a
-            # half-written record (JobName "allocation", no Partition/ReqTRES).
-            if not rows or not rows[0]["Partition"] or not rows[0]["ReqTRES"]:
-                return None
-            return rows[0]["State"].split()[0]
-        proc = run(["/usr/bin/squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"], check=False)
-        return proc.stdout.strip().split()[0] if proc.returncode == 0 and proc.stdout else None
-
-    def wait_state(self, job_id: int | str, states: str | Iterable[str], timeout: float = 60) -> str:
-        """Wait until the job is in one of `states`; returns the state reached.
-
-        Only terminal states (COMPLETED, FAILED, ...): waits for sacct, so the
-        accounting record the bridge reads is there. Otherwise polls squeue.
-        """
-        wanted = {states} if isinstance(states, str) else set(states)
-        accounting = wanted <= TERMINAL_STATES
-        state: str | None = None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = self.job_state(job_id, accounting=accounting)
-            if state in wanted:
-                return state
-            time.sleep(0.1)
-        job = run(["/usr/bin/scontrol", "show", "job", str(job_id)], check=False).stdout
-        raise TimeoutError(f"job {job_id} not in {sorted(wanted)} after {timeout} s (last: {state})\n{job}")
-
-    def sacct_rows(self, job_id: int | str, *, all_runs: bool = True) -> list[dict[str, str]]:
-        """sacct allocation lines of the job (one per run with all_runs, -D)."""
-        argv = [
-            "/usr/bin/sacct",
-            "-j",
-            str(job_id),
-            "-X",
-            "--noheader",
-            "--parsable2",
-            f"--delimiter={_SACCT_DELIMITER}",
-            "-o",
-            ",".join(SACCT_FIELDS),
-        ]
-        if all_runs:
-            argv.append("-D")
-        rows = []
-        record = None
-        # A job name or comment may hold line breaks of any kind: a record ends only once
-        # it has all its delimiters (split on "\n" alone, never on what splitlines knows).
-        for piece in run(argv).stdout.split("\n"):
-            record = piece if record is None else record + "\n" + piece
-            if record.count(_SACCT_DELIMITER) >= len(SACCT_FIELDS) - 1:
-                rows.append(dict(zip(SACCT_FIELDS, record.split(_SACCT_DELIMITER), strict=True)))
-                record = None
-        return rows
-
-    def scontrol_job(self, job_id: int | str) -> dict[str, str]:
-        """`scontrol show job -o` as a dict (values with spaces kept whole)."""
-        text = run(["/usr/bin/scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
-        return parse_scontrol(text)
-
-    def scontrol(self, *args: str) -> str:
-        return run(["/usr/bin/scontrol", *args]).stdout
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60,
+        input: str | None = None,
+        cwd: str = str(JOB_DIR),
+        env: dict[str, str] | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command against the box: a bare name is Slurm's client of this box (here
+        /usr/bin's); as `user` (runuser) when given. Never raises on its exit code unless
+        `check`."""
+        full = list(argv)
+        if full and "/" not in full[0]:
+            full[0] = shutil.which(full[0], path=_DAEMON_ENV["PATH"]) or full[0]
+        if user and user != "root":
+            full = ["/usr/sbin/runuser", "-u", user, "--", *full]
+        proc = _run_env(full, timeout=timeout, input=input, cwd=cwd, env={**os.environ, **(env or {})})
+        return _checked(proc, argv) if check else proc
 
 
 def parse_scontrol(line: str) -> dict[str, str]:

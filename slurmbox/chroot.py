@@ -53,6 +53,7 @@ from pathlib import Path
 from slurm_hooks.admin import slurmconf
 from slurmbox import rootfs
 from slurmbox.box import (
+    _DETACHED,
     ACCOUNTS,
     CONF_DIR,
     CPUS_PER_NODE,
@@ -64,14 +65,17 @@ from slurmbox.box import (
     PASSTHROUGH_LUA,
     REPO,
     USERS,
+    BoxCommands,
     BoxError,
     _alive,
+    _checked,
     _cmdline,
     _ok,
     _read_json,
     _read_pid,
     _read_pipe,
     _render,
+    _run_env,
     _tail,
     _wait_until,
     _write,
@@ -98,6 +102,8 @@ ENV = {
     "GPUCREDIT_CONFIG": CONFIG,
 }
 _DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# The client commands ChrootBox.client_dir offers the host.
+CLIENTS = ("sacct", "sacctmgr", "sbatch", "scancel", "scontrol", "sinfo", "sprio", "squeue", "sshare", "srun")
 _CLONE_NEWNS = 0x00020000
 _PR_SET_CHILD_SUBREAPER = 36
 _MUNGE_CHECK = "/usr/bin/munge -n </dev/null | /usr/bin/unmunge"
@@ -172,7 +178,7 @@ def _processes_in(root: Path) -> list[int]:
 
 
 @dataclass
-class ChrootBox:
+class ChrootBox(BoxCommands):
     """Handle on the box of one chroot Slurm version; cheap to create (no I/O here).
 
     hooks: "gpucredit" (gpucredit installed in the root, its hooks, job_submit.lua and
@@ -183,6 +189,7 @@ class ChrootBox:
     version: SlurmVersion
     hooks: str = field(default_factory=lambda: os.environ.get("GPUCREDIT_BOX_HOOKS", "auto"))
     timeout_s: float = 60.0
+    config_path: str = CONFIG  # inside the root: the gpucredit config the hooks are installed with
 
     def __post_init__(self) -> None:
         if not self.version.chroot:
@@ -339,7 +346,11 @@ class ChrootBox:
                 raise BoxError(
                     message.strip() or f"box supervisor exited ({proc.poll()}); see {log}:\n{_tail(log)}"
                 )
-            if not detach:
+            if detach:
+                # It outlives this process; dropped, its Popen would warn "still running"
+                # (an error under pytest, when a test rebuilds a `make slurm-up` box).
+                _DETACHED.append(proc)
+            else:
                 self._supervisor = proc
         return {"seconds": time.monotonic() - started, "rootfs": built, "said": lines[1:], "reused": False}
 
@@ -389,16 +400,16 @@ class ChrootBox:
         python = f"{VENV_BIN}/python"
         if mode == "gpucredit":
             call = (
-                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, s.launcher_command({python!r}), {CONFIG!r}, "
-                "force=True, backup=False)"
+                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, s.launcher_command({python!r}), "
+                f"{self.config_path!r}, force=True, backup=False)"
             )
         elif mode == "passthrough":
             lua = f"{ETC_DIR}/job_submit.passthrough.lua"
             shutil.copyfile(PASSTHROUGH_LUA, self.inside(lua))
             true = ["/bin/true"]
             call = (
-                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, {true!r}, {CONFIG!r}, job_submit_lua={lua!r}, "
-                "force=True, backup=False)"
+                f"s.install({ETC_DIR!r}, s.DEFAULT_HOOK_DIR, {true!r}, {self.config_path!r}, "
+                f"job_submit_lua={lua!r}, force=True, backup=False)"
             )
         else:
             raise BoxError(f"hooks must be gpucredit or passthrough, not {mode!r}")
@@ -438,9 +449,10 @@ class ChrootBox:
         input: str | None = None,
         cwd: str = JOB_DIR,
         env: dict[str, str] | None = None,
+        check: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Run a command inside the running box (its namespace and root); never raises on
-        its exit code."""
+        its exit code unless `check`."""
         supervisor = self.supervisor_pid()
         if supervisor is None:
             raise BoxError(
@@ -448,20 +460,35 @@ class ChrootBox:
             )
         root = str(self.root)
         try:
-            return subprocess.run(
+            proc = _run_env(
                 self._argv(argv, user),
-                capture_output=True,
-                text=True,
                 timeout=timeout,
                 input=input,
                 env=self.command_env(env),
                 preexec_fn=lambda: _enter(supervisor, root, cwd),
-                check=False,
             )
-        except subprocess.TimeoutExpired as e:
-            raise BoxError(
-                f"{' '.join(argv)}: timed out after {timeout} s in the {self.version.name} box"
-            ) from e
+        except BoxError as e:
+            raise BoxError(f"{e} in the {self.version.name} box") from e
+        return _checked(proc, argv) if check else proc
+
+    def client_dir(self) -> str:
+        """Slurm's client commands of this box for gpucredit on the host (its daemon and CLI
+        in a test, as `slurm.bin_dir`): each a script that runs the box's own command in
+        the box's mount namespace and root, with the caller's arguments and environment."""
+        bin_dir = self.run_dir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        pid_file = self.run_dir / "supervisor.pid"
+        down = f'{{ echo "the Slurm {self.version.name} box is not up" >&2; exit 1; }}'
+        for name in CLIENTS:
+            _write(
+                bin_dir / name,
+                "#!/bin/sh\n"
+                f"# Slurm {self.version.name}'s {name}, in its box (slurmbox.chroot.ChrootBox.client_dir)\n"
+                f"pid=$(cat {pid_file} 2>/dev/null) || {down}\n"
+                f'exec /usr/bin/nsenter -t "$pid" -m /usr/sbin/chroot {self.root} /usr/bin/{name} "$@"\n',
+                0o755,
+            )
+        return str(bin_dir)
 
     def exec(self, argv: Sequence[str], *, user: str | None = None, cwd: str = JOB_DIR) -> None:
         """Replace this process by a command inside the running box (`python -m slurmbox run`)."""

@@ -251,23 +251,25 @@ def test_running_jobs_have_unknown_end_and_are_not_finished() -> None:
 def test_requeued_job_waiting_for_its_next_run() -> None:
     result = parse_parsable2(fixture("recorded_requeue_pending.txt"), tz=UTC)
     assert result.errors == []
-    assert result.runs == unnamed([
-        RECORDED_FINISHED[("lab", 16, 0)],
-        recorded_run(
-            job_id=16,
-            run=1,
-            state="PENDING",
-            submit=utc("2026-11-29T09:14:25"),
-            start=None,
-            end=None,
-            elapsed_seconds=0,
-            gpus={},
-            requested_gpus={"a100": 1},
-            nodes=(),
-            node_count=0,
-            name="requeue-me",
-        ),
-    ])
+    assert result.runs == unnamed(
+        [
+            RECORDED_FINISHED[("lab", 16, 0)],
+            recorded_run(
+                job_id=16,
+                run=1,
+                state="PENDING",
+                submit=utc("2026-11-29T09:14:25"),
+                start=None,
+                end=None,
+                elapsed_seconds=0,
+                gpus={},
+                requested_gpus={"a100": 1},
+                nodes=(),
+                node_count=0,
+                name="requeue-me",
+            ),
+        ]
+    )
     assert [run.finished for run in result.runs] == [True, False]
 
 

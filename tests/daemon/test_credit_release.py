@@ -104,9 +104,7 @@ def test_a_job_the_account_cannot_pay_for_waits(daemon: Daemon, tx) -> None:  # 
     assert list(daemon.credit_held) == [15]
 
 
-def test_a_job_refused_for_a_daily_cap_is_not_released_while_its_account_can_pay(
-    daemon: Daemon, tx
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_refused_for_a_daily_cap_is_not_released_while_its_account_can_pay(daemon: Daemon, tx) -> None:  # type: ignore[no-untyped-def]
     """The loop of S4: credit enough (1.00 for a 0.30 job), the daily cap (0.20) not."""
     with tx() as s:
         api.set_limits(s, "physics", user="alice", daily_cap="0.2")
@@ -135,9 +133,7 @@ def test_a_job_refused_for_its_gpu_cap_waits_until_gpus_free(daemon: Daemon, tx)
     round_with(daemon, squeue_json({}), ["15"])
 
 
-def test_a_heterogeneous_job_is_released_only_when_all_its_parts_fit(
-    daemon: Daemon, tx
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_heterogeneous_job_is_released_only_when_all_its_parts_fit(daemon: Daemon, tx) -> None:  # type: ignore[no-untyped-def]
     """Two parts of 0.30 each against 0.50 of credit: each fits alone, not together."""
     with tx() as s:
         api.consume(s, "physics", "0.5")

@@ -104,9 +104,7 @@ def test_submit_tells_an_exclusive_job_without_gpus_it_is_charged_for_the_nodes_
     assert submit(client, shared=65534) == {"decision": "accept", "message": ""}  # not exclusive
 
 
-def test_submit_tells_a_job_over_a_cap_beside_what_runs_that_it_waits(
-    db_url: str, tx, sockdir: Path
-) -> None:  # type: ignore[no-untyped-def]
+def test_submit_tells_a_job_over_a_cap_beside_what_runs_that_it_waits(db_url: str, tx, sockdir: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 26, S4: every limit is checked at submit from the snapshot. Over a cap on its
     own: refused. Over it only beside what runs now: accepted, told it waits (Slurm queues
     it, as it queues a job over the caps `limits sync` writes; the prolog holds it)."""

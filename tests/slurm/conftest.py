@@ -2,8 +2,11 @@
 them; tests/support/cluster.py has the classes) for the suites in tests/slurm/, which
 are marked `slurm`.
 
-`slurm_box` reuses a box that is already up (`make slurm-up`) and leaves it
-running; otherwise it starts one for the session and stops it at the end. A box
+`slurm_box` is the host's Slurm (22.05), or the chroot box of the version
+GPUCREDIT_E2E_SLURM names (24.11, 26.05: `make test-slurm-versions`); every Slurm
+command the tests run goes through its `run`. It reuses a box that is already up
+(`make slurm-up [SLURM=...]`) and leaves it running; otherwise it starts one for the
+session and stops it at the end. A box
 that cannot start fails the test in CI (env CI set) and skips it elsewhere,
 saying what to install.
 
@@ -28,8 +31,8 @@ from ledger import api, cli_support
 from ledger.money import format_credits
 from ledger.store.db import make_engine
 from ledger.timeutil import parse_time, utcnow
-from slurmbox import BoxError, SlurmBox, run
-from tests.support.cluster import PRICES, RUN_DIR, Books, Cluster
+from slurmbox import BoxError
+from tests.support.cluster import E2E_SLURM, PRICES, Books, Box, Cluster, e2e_dir, make_box
 from tests.support.services import choose_e2e_ledger
 
 _notes: list[str] = []  # said once in the session summary
@@ -42,8 +45,8 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_box() -> Iterator[SlurmBox]:
-    box = SlurmBox()
+def slurm_box() -> Iterator[Box]:
+    box = make_box()
     reused = box.is_up()
     if not reused:
         reason = box.cannot_start_reason()
@@ -53,6 +56,8 @@ def slurm_box() -> Iterator[SlurmBox]:
         box.up()  # reuses a running box (and reinstalls this box's hooks)
     except BoxError as e:
         _unavailable(str(e))
+    said = box.run(["sinfo", "--version"]).stdout.strip() or "no sinfo --version"
+    _notes.append(f"Slurm {E2E_SLURM} box ({type(box).__name__}): {said}")
     try:
         yield box
     finally:
@@ -104,13 +109,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(slurm_box: SlurmBox, e2e_ledger_url: str) -> Iterator[Cluster]:
+def cluster(slurm_box: Box, e2e_ledger_url: str) -> Iterator[Cluster]:
     """The box wired to a daemon of this test module, on the e2e ledger (PostgreSQL;
     tests/slurm/conftest.py says when it may be SQLite)."""
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    folder = e2e_dir(slurm_box)
+    folder.mkdir(parents=True, exist_ok=True)
     engine = make_engine(e2e_ledger_url)
-    previous_config = slurm_box.config_path
-    c = Cluster(slurm_box, e2e_ledger_url, engine, RUN_DIR / "gpucredit.toml")
+    previous_config, previous_hooks = slurm_box.config_path, slurm_box.hooks
+    c = Cluster(slurm_box, e2e_ledger_url, engine, folder / "gpucredit.toml")
     with c.tx() as s:
         for gres, price in PRICES.items():
             api.set_price(s, gres, format_credits(price), effective_at=parse_time("2026-01-01"))
@@ -120,14 +126,14 @@ def cluster(slurm_box: SlurmBox, e2e_ledger_url: str) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop_daemon()
-        for job in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
+        for job in c.run("squeue", "-h", "-o", "%i|%a", check=False).splitlines():
             job_id, _sep, account = job.partition("|")
             if account in c.accounts:
-                run(["/usr/bin/scancel", job_id], check=False)
+                c.run("scancel", job_id, check=False)
         slurm_box.config_path = previous_config
-        slurm_box.use_hooks()
+        slurm_box.use_hooks(previous_hooks)
         if c.accounts:  # leave Slurm's association tree as we found it
-            run(["/usr/bin/sacctmgr", "-i", "delete", "account", ",".join(c.accounts)], check=False)
+            c.run("sacctmgr", "-i", "delete", "account", ",".join(c.accounts), check=False)
         cli_engine = cli_support._engines.pop(e2e_ledger_url, None)
         if cli_engine is not None:
             cli_engine.dispose()

@@ -20,7 +20,6 @@ from ledger.money import charge_for
 from ledger.store.models import JobRun, table_of
 from ledger.store.tables import entries_t
 from ledger.timeutil import utcnow
-from slurmbox import run
 from tests.support.cluster import PRICES, Books, Cluster, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
@@ -134,4 +133,4 @@ def test_a_job_past_its_daily_cap_is_cancelled_with_a_reason(cluster: Cluster, g
     [row] = sacct_runs(cluster.box, job, account)
     assert row["Comment"].startswith("gpucredit: cancelled:")
     assert "daily cap" in row["Comment"]
-    run(["/usr/bin/scancel", str(job)], check=False)
+    cluster.box.run(["scancel", str(job)])

@@ -20,7 +20,6 @@ import time
 import pytest
 
 from ledger import api
-from slurmbox import run
 from tests.support.cluster import PRICES, Books, Cluster, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
@@ -66,7 +65,7 @@ def test_credit_for_exactly_one_job_runs_one_and_charges_slurm_elapsed(
         job = cluster.box.scontrol_job(second)
         assert job["Reason"] == "JobHeldAdmin"
         assert job["Comment"].startswith(f"gpucredit: account {account}: this job needs 0.12 credits")
-        run(["/usr/bin/scancel", str(second)])
+        cluster.box.run(["scancel", str(second)], check=True)
     else:
         assert "gpucredit: this job would cost ~0.12 credits" in err
     cluster.box.wait_state(first, "COMPLETED", timeout=60)
@@ -96,10 +95,10 @@ def test_scancel_running_settles_what_ran_and_cancelled_pending_leaves_nothing(
     running = submit(cluster.box, "-A", account, "--gres=gpu:h100:1", "-t", "2", "--wrap", "sleep 60")
     cluster.box.wait_state(running, "RUNNING", timeout=30)
     time.sleep(3)
-    run(["/usr/bin/scancel", str(running)])
+    cluster.box.run(["scancel", str(running)], check=True)
     cluster.box.wait_state(running, "CANCELLED", timeout=60)
     pending = submit(cluster.box, "-A", account, "--hold", "--gres=gpu:h100:1", "-t", "1", "--wrap", "true")
-    run(["/usr/bin/scancel", str(pending)])
+    cluster.box.run(["scancel", str(pending)], check=True)
     cluster.box.wait_state(pending, "CANCELLED", timeout=30)
     [[hold]] = books.check(account, {running: PRICES["h100"]}).values()
     assert hold.charged_ucredits > 0
@@ -111,7 +110,7 @@ def test_requeue_holds_and_settles_each_run_once(cluster: Cluster, books: Books)
     job = submit(cluster.box, "-A", account, "--gres=gpu:a100:1", "-t", "2", "--wrap", "sleep 6")
     cluster.box.wait_state(job, "RUNNING", timeout=30)
     time.sleep(2)
-    run(["/usr/bin/scontrol", "requeue", str(job)])
+    cluster.box.run(["scontrol", "requeue", str(job)], check=True)
     cluster.box.wait_state(job, "COMPLETED", timeout=120)
     rows = sacct_runs(cluster.box, job, account)
     assert [r["State"].split()[0] for r in rows] == ["REQUEUED", "COMPLETED"]
@@ -153,7 +152,7 @@ def test_prolog_refusal_holds_the_job_and_a_top_up_releases_it(cluster: Cluster,
         submit(cluster.box, "-A", account, "--hold", "--gres=gpu:h100:1", "-t", "1", "--wrap", "sleep 2")
         for _ in range(2)
     ]
-    run(["/usr/bin/scontrol", "release", *map(str, jobs)])
+    cluster.box.run(["scontrol", "release", *map(str, jobs)], check=True)
     deadline = time.monotonic() + 60
     while True:
         comments = {j: cluster.box.scontrol_job(j).get("Comment", "") for j in jobs}
@@ -167,7 +166,7 @@ def test_prolog_refusal_holds_the_job_and_a_top_up_releases_it(cluster: Cluster,
     cluster.box.wait_state(held, "PENDING", timeout=30)  # the refused start is requeued first
     info = cluster.box.scontrol_job(held)
     assert (info["JobState"], info["Reason"], info["Priority"]) == ("PENDING", "JobHeldAdmin", "0")
-    squeue = run(["/usr/bin/squeue", "-h", "-j", str(held), "-o", "%T|%r|%k"]).stdout.strip()
+    squeue = cluster.box.run(["squeue", "-h", "-j", str(held), "-o", "%T|%r|%k"], check=True).stdout.strip()
     assert squeue.startswith("PENDING|JobHeldAdmin|gpucredit: account ")
     cluster.box.wait_state(ran, "COMPLETED", timeout=60)
     cluster.topup(account, "1")
@@ -188,13 +187,13 @@ def test_ledger_down_follows_each_policy(cluster: Cluster) -> None:
         rc, _out, err = cluster.box.sbatch(["-A", account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "true"])
         assert rc == 1
         assert "gpucredit: credit check unavailable (ledger unreachable); job refused by site policy" in err
-        run(["/usr/bin/scontrol", "release", str(parked)])
+        cluster.box.run(["scontrol", "release", str(parked)], check=True)
         deadline = time.monotonic() + 60
         while "ledger unreachable" not in cluster.box.scontrol_job(parked).get("Comment", ""):
             assert time.monotonic() < deadline, cluster.box.scontrol_job(parked)
             time.sleep(0.2)
         assert cluster.box.scontrol_job(parked)["Reason"] == "JobHeldAdmin"
-        run(["/usr/bin/scancel", str(parked)])
+        cluster.box.run(["scancel", str(parked)], check=True)
 
         cluster.write_config("accept")
         job = submit(cluster.box, "-A", account, "--gres=gpu:a100:1", "-t", "1", "--wrap", "sleep 1")

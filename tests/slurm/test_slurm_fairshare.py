@@ -24,8 +24,8 @@ from accounting_bridge.sync.fairshare_sync import SSHARE_ARGV, read_sshare
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.store.db import make_engine, make_sessionmaker
-from slurmbox import SlurmBox, run
 from slurmtext import parse_parsable
+from tests.support.cluster import Box
 
 pytestmark = pytest.mark.slurm
 
@@ -35,25 +35,26 @@ CREDIT = {RICH: "400", POOR: "100", BUSY: "100"}  # shares 400, 100, 100
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 
 
-def sacctmgr(*args: str) -> None:
-    run(["/usr/bin/sacctmgr", "--immediate", *args])
+def sacctmgr(box: Box, *args: str) -> None:
+    box.run(["sacctmgr", "--immediate", *args], check=True)
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll `check` every half second until it returns something true."""
+def wait_until(check: Callable[[], object], timeout: float, what: str, seen: object = None) -> object:
+    """Poll `check` every half second until it returns something true; `seen` is in the
+    failure's message."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
+            raise AssertionError(f"{what}: not within {timeout:g} s{f'; saw {seen}' if seen else ''}")
         time.sleep(0.5)
 
 
 @dataclass
 class Site:
-    box: SlurmBox
+    box: Box
     config: Path
 
     def gpucredit(self, *args: str) -> str:
@@ -65,21 +66,22 @@ class Site:
         return json.loads(self.gpucredit("fairshare", "sync", "--format", "json"))
 
     def sshare(self) -> dict[tuple[str, str], dict[str, str]]:
-        return read_sshare(run(list(SSHARE_ARGV)).stdout)
+        return read_sshare(self.box.run(list(SSHARE_ARGV), check=True).stdout)
 
     def jobs(self) -> dict[str, str]:
         """This module's jobs still in squeue: id -> state."""
-        out = run(["/usr/bin/squeue", "-h", "-t", "all", "-o", "%i|%a|%T"], check=False).stdout
+        out = self.box.run(["squeue", "-h", "-t", "all", "-o", "%i|%a|%T"]).stdout
         rows = parse_parsable(out, ("job", "account", "state"))
         return {r["job"]: r["state"] for r in rows if r["account"] in CREDIT}
 
 
 @pytest.fixture(scope="module")
-def site(
-    slurm_box: SlurmBox, e2e_ledger_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Site]:
+def site(slurm_box: Box, e2e_ledger_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     config = tmp_path_factory.mktemp("fairshare") / "gpucredit.toml"
-    config.write_text(f'[database]\nurl = "{e2e_ledger_url}"\n[slurm]\ncluster = "lab"\n')
+    config.write_text(
+        f'[database]\nurl = "{e2e_ledger_url}"\n'
+        f'[slurm]\ncluster = "lab"\nbin_dir = "{slurm_box.client_dir()}"\n'
+    )
     engine = make_engine(e2e_ledger_url)
     with make_sessionmaker(engine)() as s, s.begin():
         for account, credit in CREDIT.items():
@@ -88,18 +90,26 @@ def site(
             api.topup(s, account, credit)
     hooks = slurm_box.hooks
     slurm_box.use_hooks("passthrough")
-    sacctmgr("add", "account", PARENT, "parent=root", "Description=e2e", "Organization=lab")
-    sacctmgr("add", "account", ",".join(CREDIT), f"parent={PARENT}", "Description=e2e", "Organization=lab")
-    sacctmgr("add", "user", "alice", f"account={','.join(CREDIT)}")
+    sacctmgr(slurm_box, "add", "account", PARENT, "parent=root", "Description=e2e", "Organization=lab")
+    sacctmgr(
+        slurm_box,
+        "add",
+        "account",
+        ",".join(CREDIT),
+        f"parent={PARENT}",
+        "Description=e2e",
+        "Organization=lab",
+    )
+    sacctmgr(slurm_box, "add", "user", "alice", f"account={','.join(CREDIT)}")
     s = Site(slurm_box, config)
     try:
         yield s
     finally:
         for job in s.jobs():
-            run(["/usr/bin/scancel", job], check=False)
+            slurm_box.run(["scancel", job])
         wait_until(lambda: not set(s.jobs().values()) & ACTIVE, 60, "this module's jobs to end")
-        sacctmgr("delete", "account", f"name={','.join(CREDIT)}")
-        sacctmgr("delete", "account", PARENT)
+        sacctmgr(slurm_box, "delete", "account", f"name={','.join(CREDIT)}")
+        sacctmgr(slurm_box, "delete", "account", PARENT)
         slurm_box.use_hooks(hooks)
         cli_engine = cli_support._engines.pop(e2e_ledger_url, None)
         if cli_engine is not None:
@@ -166,9 +176,12 @@ def test_the_better_funded_accounts_pending_job_ranks_higher(site: Site) -> None
         for account in (RICH, POOR)
     }
 
+    seen: list[str] = []  # sprio's last answer, and sshare's, for a failure's message
+
     def fairshare_priorities() -> dict[str, int] | None:
-        jobs = ",".join(str(job) for job in pending.values())
-        out = run(["/usr/bin/sprio", "-h", "-j", jobs, "-o", "%i|%F"], check=False).stdout
+        # Every pending job, not `-j A,B`: 24.11 refuses a list ("Invalid job id: A").
+        out = site.box.run(["sprio", "-h", "-o", "%i|%F"]).stdout
+        seen[:] = [out, site.box.run(["sshare", "-a", "-l"]).stdout]
         weighted = {
             row["job"].strip(): int(float(row["fairshare"]))
             for row in parse_parsable(out, ("job", "fairshare"))
@@ -176,6 +189,6 @@ def test_the_better_funded_accounts_pending_job_ranks_higher(site: Site) -> None
         by_account = {account: weighted.get(str(job), 0) for account, job in pending.items()}
         return by_account if by_account[RICH] > by_account[POOR] else None
 
-    ranked = wait_until(fairshare_priorities, 90, "the richer account's job ahead on fairshare")
+    ranked = wait_until(fairshare_priorities, 90, "the richer account's job ahead on fairshare", seen)
     assert ranked
     assert {site.box.job_state(job) for job in pending.values()} == {"PENDING"}

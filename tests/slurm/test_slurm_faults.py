@@ -42,15 +42,15 @@ from ledger.store.db import make_engine
 from ledger.store.schema import upgrade
 from ledger.store.tables import entries_t
 from ledger.timeutil import parse_time, utcnow
-from slurmbox import SlurmBox, run
 from slurmbox.box import JOB_DIR
-from tests.support.cluster import PRICES, Cluster, is_prolog_refusal, sacct_runs
+from tests.support.cluster import PRICES, Box, Cluster, e2e_dir, is_prolog_refusal, make_box, sacct_runs
 from tests.support.daemon import DaemonProcess
 from tests.support.services import require
 
 pytestmark = pytest.mark.slurm
 
-RUN_DIR = Path("/run/gpucredit-faults")
+BOX = make_box()  # a handle on the session's box (tests/slurm/conftest.py's slurm_box)
+RUN_DIR = e2e_dir(BOX, "gpucredit-faults")  # as this process sees it; the hooks, inside the box
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 HOOK_LOG = RUN_DIR / "hooks.log"
 GPUCREDIT = str(Path(sys.executable).with_name("gpucredit"))
@@ -159,19 +159,16 @@ class Faults(Cluster):
 
     def write_config(self, policy: str) -> None:
         self.policy = policy
-        sockets = [d.socket for d in self.daemons]
-        self.config_path.write_text(
-            f'[database]\nurl = "{self.url}"\n'
+        sockets = [f"@DIR@/{Path(d.socket).name}" for d in self.daemons]  # in RUN_DIR
+        self.write_configs(
             f'[daemon]\nsocket = "{sockets[0]}"\n'
             f"sockets = [{', '.join(f'{s!r}'.replace(chr(39), chr(34)) for s in sockets)}]\n"
             "timeout_seconds = 2.0\nmetrics_port = 0\n"
             f'[policy]\non_ledger_unreachable = "{policy}"\nepilog_grace_seconds = 0\n'
-            '[slurm]\ncluster = "lab"\n'
-            f'[agent]\nspool_dir = "{RUN_DIR / "spool" / "%n"}"\n'
-            f'[hooks]\nlog_file = "{HOOK_LOG}"\n'
+            '[slurm]\ncluster = "lab"\nbin_dir = "@BIN@"\n'
+            '[agent]\nspool_dir = "@DIR@/spool/%n"\n'
+            f'[hooks]\nlog_file = "@DIR@/{HOOK_LOG.name}"\n'
         )
-        self.box.config_path = str(self.config_path)
-        self.box.use_hooks("gpucredit")
 
     def start_daemon(self) -> None:
         for daemon in self.daemons:
@@ -218,7 +215,7 @@ class Faults(Cluster):
             if found:
                 return found[-1]
             if time.monotonic() > deadline:
-                job_text = run(["/usr/bin/scontrol", "show", "job", str(job)], check=False).stdout
+                job_text = self.box.run(["scontrol", "show", "job", str(job)]).stdout
                 raise AssertionError(f"{hook} {job} {contains!r}: {self.hook_lines(hook, job)}\n{job_text}")
             time.sleep(0.1)
 
@@ -236,10 +233,10 @@ class Faults(Cluster):
     def node_back(self, node: str, timeout: float = 60) -> None:
         """Resume a node set down, until it is in service again. slurmd still answers, so
         with ReturnToService=2 the node may already be back: `resume` then fails."""
-        run(["/usr/bin/scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        self.box.run(["scontrol", "update", f"nodename={node}", "state=resume"])
         deadline = time.monotonic() + timeout
         while True:
-            state = run(["/usr/bin/sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout.strip()
+            state = self.box.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
             if state in ("idle", "mixed", "allocated", "completing"):
                 return
             assert time.monotonic() < deadline, f"{node} is {state}"
@@ -312,7 +309,7 @@ class Faults(Cluster):
 
 
 @pytest.fixture(scope="module")
-def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]:
+def faults(slurm_box: Box, private_pg: PrivatePostgres) -> Iterator[Faults]:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     HOOK_LOG.unlink(missing_ok=True)
     # Job ids restart with the box: an old run's GPU registry (its node epilog never ran
@@ -320,7 +317,7 @@ def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]
     shutil.rmtree(RUN_DIR / "spool", ignore_errors=True)
     url = private_pg.url("gpucredit")
     engine = make_engine(url)
-    previous_config = slurm_box.config_path
+    previous_config, previous_hooks = slurm_box.config_path, slurm_box.hooks
     c = Faults(slurm_box, url, engine, RUN_DIR / "gpucredit.toml", pg=private_pg)
     c.daemons = [
         DaemonProcess(str(RUN_DIR / "primary.sock"), RUN_DIR / "primary.log"),
@@ -338,14 +335,14 @@ def faults(slurm_box: SlurmBox, private_pg: PrivatePostgres) -> Iterator[Faults]
             c.start_database()
         c.stop_daemon()
         shutil.copyfile(private_pg.root / "log", RUN_DIR / "postgres.log")  # for a failure's story
-        for job in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
+        for job in slurm_box.run(["squeue", "-h", "-o", "%i|%a"]).stdout.splitlines():
             job_id, _sep, account = job.partition("|")
             if account in c.accounts:
-                run(["/usr/bin/scancel", job_id], check=False)
+                slurm_box.run(["scancel", job_id])
         slurm_box.config_path = previous_config
-        slurm_box.use_hooks()
+        slurm_box.use_hooks(previous_hooks)
         if c.accounts:
-            run(["/usr/bin/sacctmgr", "-i", "delete", "account", ",".join(c.accounts)], check=False)
+            slurm_box.run(["sacctmgr", "-i", "delete", "account", ",".join(c.accounts)])
         cli_engine = cli_support._engines.pop(url, None)
         if cli_engine is not None:
             cli_engine.dispose()
@@ -366,7 +363,7 @@ class Gate:
     its end, whatever the machine's speed (no sleep to outlast)."""
 
     def __init__(self) -> None:
-        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"
+        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"  # as the job sees it, in the box
 
     @property
     def wrap(self) -> str:
@@ -374,7 +371,7 @@ class Gate:
         return f"while [ ! -e {self.path} ]; do sleep 0.1; done; sleep 1"
 
     def open(self) -> None:
-        self.path.touch()
+        BOX.inside(str(self.path)).touch()
 
 
 def charged(hook_line: str) -> str:
@@ -386,7 +383,7 @@ def release(job: int) -> None:
     """What an admin does for a job held with the ledger-unreachable reason. The daemons'
     release loop may have done it already (its scan at start and every minute releases
     held jobs whose account can pay), so a job no longer held is fine."""
-    run(["/usr/bin/scontrol", "release", str(job)], check=False)
+    BOX.run(["scontrol", "release", str(job)])
 
 
 # --------------------------------------------------------------------------- the database down

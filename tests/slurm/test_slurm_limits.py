@@ -24,10 +24,10 @@ from gpucredit.daemon import Daemon
 from ledger import api
 from ledger.config import load_config
 from ledger.timeutil import utcnow
-from slurmbox import run
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, make_box
 
 pytestmark = pytest.mark.slurm
+BOX = make_box()  # a handle on the session's box (tests/slurm/conftest.py's slurm_box)
 
 QOS = "gpucredit-onprem"
 LIMITS_CONFIG = """
@@ -76,7 +76,7 @@ def start_daemon(c: Cluster, clock: Clock) -> None:
 
 def clear_qos() -> None:
     lift = ["MaxTRESPerUser=gres/gpu=-1", "MaxTRESPerAccount=gres/gpu=-1"]
-    run(["/usr/bin/sacctmgr", "-i", "modify", "qos", "where", f"name={QOS}", "set", *lift], check=False)
+    BOX.run(["sacctmgr", "-i", "modify", "qos", "where", f"name={QOS}", "set", *lift])
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +95,10 @@ def clock(cluster: Cluster) -> Iterator[Clock]:
 
 
 def cancel(accounts: list[str]) -> None:
-    for line in run(["/usr/bin/squeue", "-h", "-o", "%i|%a"], check=False).stdout.splitlines():
+    for line in BOX.run(["squeue", "-h", "-o", "%i|%a"]).stdout.splitlines():
         job_id, _sep, account = line.partition("|")
         if account in accounts:
-            run(["/usr/bin/scancel", job_id], check=False)
+            BOX.run(["scancel", job_id])
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def jobs(cluster: Cluster, clock: Clock) -> Iterator[list[int]]:
     started: list[int] = []
     yield started
     if started:
-        run(["/usr/bin/scancel", *map(str, started)], check=False)
+        BOX.run(["scancel", *map(str, started)])
         wait_for(lambda: not running(*started), "the test's jobs end")
 
 
@@ -123,7 +123,7 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> 
 
 
 def state(job: int) -> str:
-    return run(["/usr/bin/squeue", "-h", "-j", str(job), "-o", "%T|%r"], check=False).stdout.strip()
+    return BOX.run(["squeue", "-h", "-j", str(job), "-o", "%T|%r"]).stdout.strip()
 
 
 def wait_state(job: int, wanted: str) -> None:
@@ -132,14 +132,14 @@ def wait_state(job: int, wanted: str) -> None:
 
 
 def gpu_limits(account: str, user: str = "") -> str:
-    text = run(
-        ["/usr/bin/sacctmgr", "-nP", "show", "assoc", "where", f"account={account}", "format=user,grptres"]
+    text = BOX.run(
+        ["sacctmgr", "-nP", "show", "assoc", "where", f"account={account}", "format=user,grptres"], check=True
     ).stdout
     return dict(line.split("|") for line in text.splitlines())[user]
 
 
 def add_member(c: Cluster, user: str, account: str) -> None:
-    run(["/usr/bin/sacctmgr", "-i", "add", "user", user, f"account={account}"])
+    BOX.run(["sacctmgr", "-i", "add", "user", user, f"account={account}"], check=True)
     with c.tx() as s:
         api.add_member(s, user, account)
 
@@ -154,12 +154,12 @@ def sync_twice(c: Cluster, *args: str) -> dict[str, Any]:
 
 def running(*jobs: int) -> bool:
     """Whether any of `jobs` still holds GPUs (running or completing)."""
-    argv = ["/usr/bin/squeue", "-h", "-t", "R,CG", "-j", ",".join(map(str, jobs))]
-    return bool(run(argv, check=False).stdout.strip())
+    argv = ["squeue", "-h", "-t", "R,CG", "-j", ",".join(map(str, jobs))]
+    return bool(BOX.run(argv).stdout.strip())
 
 
 def onprem_idle() -> bool:
-    return not run(["/usr/bin/squeue", "-h", "-p", "onprem", "-t", "R,CG,CF"], check=False).stdout.strip()
+    return not BOX.run(["squeue", "-h", "-p", "onprem", "-t", "R,CG,CF"]).stdout.strip()
 
 
 # -- GPU caps hold in Slurm without gpucredit ----------------------------------------------------
@@ -217,7 +217,7 @@ def test_an_account_out_of_credit_is_blocked_in_slurm_and_a_top_up_starts_its_jo
         api.consume(s, account, "1")  # spent elsewhere: nothing left
     wait_for(lambda: gpu_limits(account) != "", "the daemon blocks the account")
     assert set(gpu_limits(account).split(",")) == set(NO_GPU.split(","))
-    run(["/usr/bin/scontrol", "release", str(job)])
+    BOX.run(["scontrol", "release", str(job)], check=True)
     wait_state(job, "PENDING|AssocGrpGRES")
     assert "gpucredit:" not in cluster.box.scontrol_job(job).get("Comment", "")  # no prolog ran
     balance = cluster.gpucredit("balance", account).splitlines()
@@ -300,7 +300,7 @@ def test_on_a_busy_partition_the_heaviest_users_next_job_waits_while_anothers_st
     shown = json.loads(cluster.gpucredit("limits", "show", heavy, "--slurm", "--format", "json"))
     assert shown["slurm"]["partitions"][0]["in_slurm"] == "per user gres/gpu=4, per account gres/gpu=6"
     # bob's jobs end: 5 of 8 is not below 60%, so the caps stay (hysteresis)
-    run(["/usr/bin/scancel", str(jobs[3]), str(starts)])
+    BOX.run(["scancel", str(jobs[3]), str(starts)], check=True)
     wait_for(lambda: not running(jobs[3], starts), "bob's jobs end")
     plan = sync_twice(cluster)
     assert [c for c in plan["changes"] if c["scope"] == "partition"] == []
@@ -309,7 +309,7 @@ def test_on_a_busy_partition_the_heaviest_users_next_job_waits_while_anothers_st
     )
     assert state(waits) == "PENDING|QOSMaxGRESPerUser"
     # one of alice's ends: 4 of 8 is below 60%: the caps lift and her waiting job starts
-    run(["/usr/bin/scancel", str(alices[2])])
+    BOX.run(["scancel", str(alices[2])], check=True)
     wait_for(lambda: not running(alices[2]), "alice's a100:1 ends")
     assert state(waits) == "PENDING|QOSMaxGRESPerUser"  # 4 held + 1 > 4: still capped
     plan = sync_twice(cluster)

@@ -14,24 +14,23 @@ from pathlib import Path
 import pytest
 
 from slurm_hooks.outage_spool import RUNS, SHEET, Spool
-from tests.support.cluster import PRICES, RUN_DIR, Books, Cluster, submit
+from tests.support.cluster import PRICES, Books, Cluster, submit
 
 pytestmark = pytest.mark.slurm
 
 
 def _write_config(c: Cluster, outage_dir: Path, line: str) -> None:
+    """`outage_dir`: in the cluster's folder (daemon and hooks see it, each at its path)."""
     c.policy = "accept"
-    c.config_path.write_text(
-        f'[database]\nurl = "{c.url}"\n'
-        f'[daemon]\nsocket = "{RUN_DIR / "daemon.sock"}"\ntimeout_seconds = 2.0\n'
+    c.write_configs(  # bakes the policy and the line into the shims
+        '[daemon]\nsocket = "@DIR@/daemon.sock"\ntimeout_seconds = 2.0\n'
         '[policy]\non_ledger_unreachable = "accept"\n'
-        f'outage_credit_line_per_account = "{line}"\noutage_spool_dir = "{outage_dir}"\n'
+        f'outage_credit_line_per_account = "{line}"\noutage_spool_dir = "@DIR@/{outage_dir.name}"\n'
         "outage_sheet_seconds = 0.5\n"
-        '[slurm]\ncluster = "lab"\n'
-        f'[agent]\nspool_dir = "{RUN_DIR / "spool" / "%n"}"\n'
-        f'[hooks]\nlog_file = "{RUN_DIR / "hooks.log"}"\n'
+        '[slurm]\ncluster = "lab"\nbin_dir = "@BIN@"\n'
+        '[agent]\nspool_dir = "@DIR@/spool/%n"\n'
+        '[hooks]\nlog_file = "@DIR@/hooks.log"\n'
     )
-    c.box.use_hooks("gpucredit")  # bakes the policy and the line into the shims
 
 
 def _wait(what: str, predicate, timeout: float = 60.0):  # type: ignore[no-untyped-def]
@@ -43,7 +42,7 @@ def _wait(what: str, predicate, timeout: float = 60.0):  # type: ignore[no-untyp
 
 
 def test_accept_runs_within_the_line_and_the_books_are_exact_after(cluster: Cluster, books: Books) -> None:
-    outage_dir = RUN_DIR / f"outage-{os.getpid()}"
+    outage_dir = cluster.dir / f"outage-{os.getpid()}"
     account = cluster.new_account("1")
     cluster.stop_daemon()
     # 1×a100 for 1 minute is estimated at 0.033333: the line of 0.05 admits one such job.

@@ -29,6 +29,7 @@ def test_a_group_with_no_credit_runs_on_its_departments_pool(cluster: Cluster) -
     assert f"gpucredit: ~0.06 credits (1×h100 × 1 min), 0.00 in {grp} + 0.50 from {dept}'s pool" in err
     job = int(out.strip())
     cluster.box.wait_state(job, "COMPLETED", timeout=90)
+    cluster.settled_holds(job, grp)  # sacct may have the end before the epilog settled
     [row] = sacct_runs(cluster.box, job, grp)
     charged = H100_PER_SECOND * int(row["ElapsedRaw"])
     with cluster.tx() as s:
@@ -54,6 +55,7 @@ def test_a_transfer_from_the_department_lets_a_refused_job_through(cluster: Clus
     assert rc == 0, err
     job = int(out.strip())
     cluster.box.wait_state(job, "COMPLETED", timeout=90)
+    cluster.settled_holds(job, grp)  # sacct may have the end before the epilog settled
     [row] = sacct_runs(cluster.box, job, grp)
     with cluster.tx() as s:
         assert api.balance(s, dept)["available"] == "0.90"

@@ -18,7 +18,6 @@ from flask import Flask
 
 from ledger import api
 from portal.auth import hash_password
-from slurmbox import run
 from tests.support.cluster import Cluster, submit
 from tests.support.fake_stripe import FakeStripe, event, signature
 from tests.support.portal import PASSWORD, csrf_token, login, make_app
@@ -40,7 +39,7 @@ def wait_for_credit_hold(cluster: Cluster, job: int) -> str:
         assert time.monotonic() < deadline, cluster.box.scontrol_job(job)
         time.sleep(0.2)
     cluster.box.wait_state(job, "PENDING", timeout=30)  # the refused start is requeued first
-    return run(["/usr/bin/squeue", "-h", "-j", str(job), "-o", "%T|%r|%k"]).stdout.strip()
+    return cluster.box.run(["squeue", "-h", "-j", str(job), "-o", "%T|%r|%k"], check=True).stdout.strip()
 
 
 @pytest.fixture
@@ -69,7 +68,7 @@ def test_a_checkout_paid_through_the_portal_releases_a_job_held_for_credit(
     with cluster.tx() as s:
         api.consume(s, account, "0.06")  # spent elsewhere before the job starts
         api.set_portal_user(s, "alice", password_hash=hash_password(PASSWORD))
-    run(["/usr/bin/scontrol", "release", str(job)])
+    cluster.box.run(["scontrol", "release", str(job)], check=True)
     assert wait_for_credit_hold(cluster, job).startswith("PENDING|JobHeldAdmin|gpucredit: account ")
 
     alice = portal.test_client()
@@ -94,5 +93,5 @@ def test_a_checkout_paid_through_the_portal_releases_a_job_held_for_credit(
     assert delivered.get_json()["payment"]["state"] == "paid"
 
     assert cluster.box.wait_state(job, "COMPLETED", timeout=90) == "COMPLETED"
-    [hold] = cluster.holds(job, account)  # the refused start (run 0) took none
+    [hold] = cluster.settled_holds(job, account)  # the refused start (run 0) took none
     assert (hold.run, hold.state) == (1, "settled")

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import pytest
 
 from ledger import api
-from slurmbox import run
 from tests.support.cluster import PRICES, Books, Cluster, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
@@ -91,7 +90,7 @@ def test_with_on_premise_busy_a_job_allowed_cloud_runs_there_at_the_cloud_price(
 
     # Meanwhile the job that may not go to the cloud waits on-premise for GPUs.
     state, partition, reason = (
-        run(["/usr/bin/squeue", "-h", "-j", str(waiting), "-o", "%T|%P|%r"]).stdout.strip().split("|")
+        box.run(["squeue", "-h", "-j", str(waiting), "-o", "%T|%P|%r"], check=True).stdout.strip().split("|")
     )
     assert (state, partition) == ("PENDING", "onprem") and reason in ("Resources", "Priority"), reason
     assert box.scontrol_job(waiting)["Comment"].strip() == (
@@ -99,7 +98,7 @@ def test_with_on_premise_busy_a_job_allowed_cloud_runs_there_at_the_cloud_price(
         " | onprem only"
     )
 
-    run(["/usr/bin/scancel", str(filler)])
+    box.run(["scancel", str(filler)], check=True)
     box.wait_state(waiting, "COMPLETED", timeout=60)
     [row] = sacct_runs(box, waiting, account)
     assert row["Partition"] == "onprem"

@@ -31,8 +31,8 @@ from accounting_bridge.sync.fairshare_sync import read_sshare
 from gpucredit.cli import _build
 from ledger import api, cli_support
 from ledger.store.db import make_engine, make_sessionmaker
-from slurmbox import SlurmBox, run
 from slurmtext import parse_parsable
+from tests.support.cluster import Box
 
 pytestmark = pytest.mark.slurm
 
@@ -44,7 +44,7 @@ USED = (GA, GB, SOLO, BUSY)  # alice's associations
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 # structured sshare: one row per association, `|`-separated, the account not indented
 SSHARE = (
-    "/usr/bin/sshare",
+    "sshare",
     "-n",
     "-P",
     "-a",
@@ -53,24 +53,25 @@ SSHARE = (
 )
 
 
-def sacctmgr(*args: str) -> None:
-    run(["/usr/bin/sacctmgr", "--immediate", *args])
+def sacctmgr(box: Box, *args: str) -> None:
+    box.run(["sacctmgr", "--immediate", *args], check=True)
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
+def wait_until(check: Callable[[], object], timeout: float, what: str, seen: object = None) -> object:
+    """Poll `check` until it returns something true; `seen` is in the failure's message."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
+            raise AssertionError(f"{what}: not within {timeout:g} s{f'; saw {seen}' if seen else ''}")
         time.sleep(0.5)
 
 
 @dataclass
 class Site:
-    box: SlurmBox
+    box: Box
     config: Path
 
     def gpucredit(self, *args: str) -> str:
@@ -79,20 +80,21 @@ class Site:
         return result.output
 
     def sshare(self) -> dict[tuple[str, str], dict[str, str]]:
-        return read_sshare(run(list(SSHARE)).stdout)
+        return read_sshare(self.box.run(list(SSHARE), check=True).stdout)
 
     def jobs(self) -> dict[str, str]:
-        out = run(["/usr/bin/squeue", "-h", "-t", "all", "-o", "%i|%a|%T"], check=False).stdout
+        out = self.box.run(["squeue", "-h", "-t", "all", "-o", "%i|%a|%T"]).stdout
         rows = parse_parsable(out, ("job", "account", "state"))
         return {r["job"]: r["state"] for r in rows if r["account"] in (*PARENTS, BUSY)}
 
 
 @pytest.fixture(scope="module")
-def site(
-    slurm_box: SlurmBox, e2e_ledger_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Site]:
+def site(slurm_box: Box, e2e_ledger_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     config = tmp_path_factory.mktemp("tree") / "gpucredit.toml"
-    config.write_text(f'[database]\nurl = "{e2e_ledger_url}"\n[slurm]\ncluster = "lab"\n')
+    config.write_text(
+        f'[database]\nurl = "{e2e_ledger_url}"\n'
+        f'[slurm]\ncluster = "lab"\nbin_dir = "{slurm_box.client_dir()}"\n'
+    )
     engine = make_engine(e2e_ledger_url)
     with make_sessionmaker(engine)() as s, s.begin():
         for account, parent in PARENTS.items():
@@ -103,21 +105,21 @@ def site(
     hooks = slurm_box.hooks
     slurm_box.use_hooks("passthrough")
     org = ("Description=e2e", "Organization=lab")
-    sacctmgr("add", "account", TOP, "parent=root", *org)
-    sacctmgr("add", "account", f"{DEPT},{SOLO}", f"parent={TOP}", *org)
-    sacctmgr("add", "account", f"{GA},{GB}", f"parent={DEPT}", *org)
-    sacctmgr("add", "account", BUSY, "parent=root", *org)  # only fills the partition; not ours
-    sacctmgr("add", "user", "alice", f"account={','.join(USED)}")
+    sacctmgr(slurm_box, "add", "account", TOP, "parent=root", *org)
+    sacctmgr(slurm_box, "add", "account", f"{DEPT},{SOLO}", f"parent={TOP}", *org)
+    sacctmgr(slurm_box, "add", "account", f"{GA},{GB}", f"parent={DEPT}", *org)
+    sacctmgr(slurm_box, "add", "account", BUSY, "parent=root", *org)  # only fills the partition; not ours
+    sacctmgr(slurm_box, "add", "user", "alice", f"account={','.join(USED)}")
     s = Site(slurm_box, config)
     try:
         yield s
     finally:
         for job in s.jobs():
-            run(["/usr/bin/scancel", job], check=False)
+            slurm_box.run(["scancel", job])
         wait_until(lambda: not set(s.jobs().values()) & ACTIVE, 60, "this module's jobs to end")
-        sacctmgr("delete", "account", f"name={GA},{GB},{BUSY}")
-        sacctmgr("delete", "account", f"name={DEPT},{SOLO}")
-        sacctmgr("delete", "account", f"name={TOP}")
+        sacctmgr(slurm_box, "delete", "account", f"name={GA},{GB},{BUSY}")
+        sacctmgr(slurm_box, "delete", "account", f"name={DEPT},{SOLO}")
+        sacctmgr(slurm_box, "delete", "account", f"name={TOP}")
         slurm_box.use_hooks(hooks)
         cli_engine = cli_support._engines.pop(e2e_ledger_url, None)
         if cli_engine is not None:
@@ -191,9 +193,12 @@ def test_the_better_funded_subtree_ranks_higher_at_the_top_level(site: Site) -> 
         for account in (GB, SOLO)
     }
 
+    seen: list[str] = []  # sprio's last answer, and sshare's, for a failure's message
+
     def fairshare_priorities() -> dict[str, int] | None:
-        jobs = ",".join(str(job) for job in pending.values())
-        out = run(["/usr/bin/sprio", "-h", "-j", jobs, "-o", "%i|%F"], check=False).stdout
+        # Every pending job, not `-j A,B`: 24.11 refuses a list ("Invalid job id: A").
+        out = site.box.run(["sprio", "-h", "-o", "%i|%F"]).stdout
+        seen[:] = [out, site.box.run(["sshare", "-a", "-l"]).stdout]
         weighted = {
             row["job"].strip(): int(float(row["fairshare"]))
             for row in parse_parsable(out, ("job", "fairshare"))
@@ -201,7 +206,7 @@ def test_the_better_funded_subtree_ranks_higher_at_the_top_level(site: Site) -> 
         by_account = {account: weighted.get(str(job), 0) for account, job in pending.items()}
         return by_account if by_account[GB] > by_account[SOLO] else None
 
-    assert wait_until(fairshare_priorities, 90, "the department's job ahead of solo's on fairshare")
+    assert wait_until(fairshare_priorities, 90, "the department's job ahead of solo's on fairshare", seen)
     shares = site.sshare()
     assert float(shares[(GB, "alice")]["fairshare"]) > float(shares[(SOLO, "alice")]["fairshare"])
     assert {site.box.job_state(job) for job in pending.values()} == {"PENDING"}

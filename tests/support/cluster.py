@@ -27,9 +27,48 @@ from ledger.holds.state import HoldState
 from ledger.money import charge_for, format_credits, parse_credits
 from ledger.store.db import make_sessionmaker
 from ledger.store.tables import entries_t, holds_t
-from slurmbox import SlurmBox, run
+from slurmbox import SlurmBox, versions
+from slurmbox.chroot import ChrootBox
 
-RUN_DIR = Path("/run/gpucredit-e2e")
+RUN_DIR = Path("/run/gpucredit-e2e")  # on the host's box; e2e_dir() is each box's
+
+# The Slurm the end-to-end tests run on: the host's box (22.05) unless
+# GPUCREDIT_E2E_SLURM names a chroot version (24.11, 26.05), e.g. `make test-slurm-versions`.
+E2E_SLURM = os.environ.get("GPUCREDIT_E2E_SLURM") or versions.DEFAULT
+Box = SlurmBox | ChrootBox
+
+
+def make_box(name: str = E2E_SLURM) -> Box:
+    """The box of Slurm `name`: a chroot box starts with pass-through hooks (the tests
+    install gpucredit's with their own config), so it runs no gpucredit daemons of its own."""
+    version = versions.get(name)
+    return ChrootBox(version, hooks="passthrough") if version.chroot else SlurmBox()
+
+
+def e2e_dir(box: Box, name: str = "gpucredit-e2e") -> Path:
+    """A folder both this process and the box's hooks see, as this process sees it: /run/NAME
+    on the host's box; /var/lib/NAME in a chroot box's root (its /run is the box's own)."""
+    return box.inside(f"/var/lib/{name}") if isinstance(box, ChrootBox) else Path("/run") / name
+
+
+def in_box(box: Box, path: Path) -> str:
+    """`path` (as this process sees it, in the box) as the box's daemons, hooks and jobs see it."""
+    return "/" + str(path.relative_to(box.root)) if isinstance(box, ChrootBox) else str(path)
+
+
+def write_configs(box: Box, config_path: Path, template: str) -> None:
+    """gpucredit's config for this process (its daemon, CLI, meter, agent) at `config_path`,
+    and for the box's hooks beside it; `@DIR@` in `template` is config_path's folder and
+    `@BIN@` Slurm's clients (slurm.bin_dir), each as its reader sees them. Installs the
+    hooks with the box's copy (it bakes socket, policy and paths into the shims)."""
+    folder = config_path.parent
+    config_path.write_text(template.replace("@DIR@", str(folder)).replace("@BIN@", box.client_dir()))
+    hooks_config = config_path
+    if isinstance(box, ChrootBox):
+        hooks_config = config_path.with_name(config_path.stem + "-hooks.toml")
+        hooks_config.write_text(template.replace("@DIR@", in_box(box, folder)).replace("@BIN@", "/usr/bin"))
+    box.config_path = in_box(box, hooks_config)
+    box.use_hooks("gpucredit")
 
 
 PRICES = {"a100": 2_000_000, "h100": 3_600_000}  # micro-credits per GPU-hour
@@ -40,7 +79,7 @@ _names = itertools.count(1)
 
 @dataclass
 class Cluster:
-    box: SlurmBox
+    box: Box
     url: str
     engine: Engine
     config_path: Path
@@ -53,17 +92,28 @@ class Cluster:
     def tx(self):  # type: ignore[no-untyped-def]
         return _Tx(make_sessionmaker(self.engine))
 
+    @property
+    def dir(self) -> Path:
+        """This module's folder (config, socket, hooks' log, spool), as this process sees it."""
+        return self.config_path.parent
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        """A Slurm command (or any command) against the box, as root; its stdout."""
+        return self.box.run(list(argv), check=check).stdout
+
     def write_config(self, policy: str) -> None:
         self.policy = policy
-        self.config_path.write_text(
-            f'[database]\nurl = "{self.url}"\n'
-            f'[daemon]\nsocket = "{RUN_DIR / "daemon.sock"}"\ntimeout_seconds = 2.0\n'
-            f'[policy]\non_ledger_unreachable = "{policy}"\n[slurm]\ncluster = "lab"\n'
-            f'[agent]\nspool_dir = "{RUN_DIR / "spool" / "%n"}"\n'
-            f'[hooks]\nlog_file = "{RUN_DIR / "hooks.log"}"\n'
+        self.write_configs(
+            '[daemon]\nsocket = "@DIR@/daemon.sock"\ntimeout_seconds = 2.0\n'
+            f'[policy]\non_ledger_unreachable = "{policy}"\n'
+            '[slurm]\ncluster = "lab"\nbin_dir = "@BIN@"\n'
+            '[agent]\nspool_dir = "@DIR@/spool/%n"\n'
+            '[hooks]\nlog_file = "@DIR@/hooks.log"\n'
         )
-        self.box.config_path = str(self.config_path)
-        self.box.use_hooks("gpucredit")  # bakes socket and policy into job_submit.lua
+
+    def write_configs(self, template: str) -> None:
+        """write_configs() with this ledger's [database] first."""
+        write_configs(self.box, self.config_path, f'[database]\nurl = "{self.url}"\n' + template)
 
     def start_daemon(self) -> None:
         config = load_config(self.config_path)
@@ -85,19 +135,10 @@ class Cluster:
             self.daemon_stop = self.daemon_thread = None
 
     def _add_slurm_account(self, name: str) -> None:
-        run(
-            [
-                "/usr/bin/sacctmgr",
-                "-i",
-                "add",
-                "account",
-                name,
-                "parent=research",
-                "Description=e2e",
-                "Organization=lab",
-            ]
+        self.run(
+            "sacctmgr", "-i", "add", "account", name, "parent=research", "Description=e2e", "Organization=lab"
         )
-        run(["/usr/bin/sacctmgr", "-i", "add", "user", "alice", f"account={name}"])
+        self.run("sacctmgr", "-i", "add", "user", "alice", f"account={name}")
 
     def new_account(self, credit: str | None) -> str:
         """A fresh Slurm account with alice in it, mirrored in the ledger with `credit`."""
@@ -166,6 +207,16 @@ class Cluster:
             holds = [api.get_hold(s, hold_id) for hold_id in s.execute(query).scalars()]
         return sorted((h for h in holds if h.account == account), key=lambda h: h.run)
 
+    def settled_holds(self, job_id: int, account: str, runs: int = 1, timeout: float = 30) -> list[HoldState]:
+        """holds() once `runs` of them are settled: a job's end is in sacct before its
+        EpilogSlurmctld has settled on 24.11 and 26.05 (22.05 mostly the other way round)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            holds = self.holds(job_id, account)
+            if sum(h.state == "settled" for h in holds) >= runs or time.monotonic() > deadline:
+                return holds
+            time.sleep(0.2)
+
 
 class _Tx:
     def __init__(self, factory) -> None:  # type: ignore[no-untyped-def]
@@ -184,7 +235,7 @@ class _Tx:
         self.session.close()
 
 
-def sacct_runs(box: SlurmBox, job_id: int | str, account: str) -> list[dict[str, str]]:
+def sacct_runs(box: Box, job_id: int | str, account: str) -> list[dict[str, str]]:
     """Allocation rows of every run of a job, once sacct has the final record.
 
     Filtered by the test's own account: job ids restart when the box is rebuilt, and
@@ -199,7 +250,7 @@ def sacct_runs(box: SlurmBox, job_id: int | str, account: str) -> list[dict[str,
         time.sleep(0.2)
 
 
-def submit(box: SlurmBox, *args: str) -> int:
+def submit(box: Box, *args: str) -> int:
     return box.submit(list(args))
 
 
