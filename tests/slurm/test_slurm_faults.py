@@ -453,7 +453,7 @@ def test_an_outage_past_the_snapshots_30_seconds_refuses_at_submit_and_says_why(
     finally:
         faults.start_database()
         for job in accepted:
-            run(["/usr/bin/scancel", str(job)], check=False)
+            faults.box.run(["scancel", str(job)])
     deadline = time.monotonic() + 30
     while True:  # the daemons' next snapshot, a second or so after the database answers
         rc, out, err = faults.box.sbatch(args)
@@ -461,7 +461,7 @@ def test_an_outage_past_the_snapshots_30_seconds_refuses_at_submit_and_says_why(
             break
         assert time.monotonic() < deadline, err
         time.sleep(0.5)
-    run(["/usr/bin/scancel", out.strip()], check=False)
+    faults.box.run(["scancel", out.strip()])
     assert "gpucredit: ~0.06 credits (1×h100 × 1 min), 10.00 available in " + account in err
 
 
