@@ -112,8 +112,11 @@ def set_pool(account: str) -> Any:
     """Share this account's credit with the accounts below it, each up to a cap, or stop:
     its managers' decision, as the credit is theirs."""
     try:
+        state = forms.text("pool")
+        if state not in ("on", "off"):
+            raise InvalidInput(f"pool must be on or off, not {state!r}", code="invalid_request")
+        on = state == "on"
         with transaction() as s:
-            on = forms.text("pool") == "on"
             result = api.set_pool(
                 s,
                 account,

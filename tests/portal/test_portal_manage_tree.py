@@ -53,6 +53,13 @@ def test_a_manager_shares_the_departments_credit_with_a_cap(
     refused = post(client, MANAGE, MANAGE + "/pool", pool="on", child_cap="-1")
     assert refused.status_code == 422
     assert 'data-code="invalid_amount"' in refused.get_data(as_text=True)
+    garbled = post(client, MANAGE, MANAGE + "/pool", pool="sideways")
+    assert (garbled.status_code, 'data-code="invalid_request"' in garbled.get_data(as_text=True)) == (
+        422,
+        True,
+    )
+    with ledger(portal_db) as s:
+        assert "physics" in api.pool_settings(s)  # a garbled form changes nothing
     assert post(client, MANAGE, MANAGE + "/pool", pool="off").status_code == 302
     with ledger(portal_db) as s:
         assert api.pool_settings(s) == {}
