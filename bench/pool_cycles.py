@@ -21,8 +21,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -88,28 +91,40 @@ def worker(database: str, index: int, seconds: float, barrier, results) -> None:
     engine.dispose()
 
 
-def cycles_per_second(pooled: bool, workers: int, seconds: float) -> float:
+@contextmanager
+def fresh_database(pooled: bool) -> Iterator[str]:
+    """A database set up flat or pooled for one measurement; audited, then dropped."""
     database = f"bench_pool_{uuid.uuid4().hex[:8]}"
     setup(database, pooled)
     try:
-        ctx = mp.get_context("fork")
-        barrier, results = ctx.Barrier(workers), ctx.Queue()
-        procs = [
-            ctx.Process(target=worker, args=(database, i, seconds, barrier, results)) for i in range(workers)
-        ]
-        for p in procs:
-            p.start()
-        outcomes = [results.get(timeout=seconds + 120) for _ in procs]
-        for p in procs:
-            p.join()
+        yield database
         engine = make_engine(_url(database))
         with make_sessionmaker(engine)() as s:
             assert api.verify(s).ok
         engine.dispose()
-        return sum(done for done, _ in outcomes) / max(elapsed for _, elapsed in outcomes)
     finally:
         with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+
+
+def run_processes(target: Any, count: int, args: tuple[Any, ...], seconds: float) -> list[Any]:
+    """`count` processes of `target(*args, index, seconds, barrier, results)` started at one
+    barrier; what each put on the queue."""
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(count), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, i, seconds, barrier, results)) for i in range(count)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join()
+    return outcomes
+
+
+def cycles_per_second(pooled: bool, workers: int, seconds: float) -> float:
+    with fresh_database(pooled) as database:
+        outcomes = run_processes(worker, workers, (database,), seconds)
+    return sum(done for done, _ in outcomes) / max(elapsed for _, elapsed in outcomes)
 
 
 def daemon_client(socket_path: str, index: int, seconds: float, barrier, results) -> None:  # type: ignore[no-untyped-def]
@@ -133,33 +148,14 @@ def daemon_client(socket_path: str, index: int, seconds: float, barrier, results
 
 
 def daemon_cycles_per_second(pooled: bool, clients: int, seconds: float) -> tuple[float, int]:
-    database = f"bench_pool_{uuid.uuid4().hex[:8]}"
-    setup(database, pooled)
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
-            daemon_process(database, Path(workdir), 64, 1, weighted=False) as served,
-        ):
-            ctx = mp.get_context("fork")
-            barrier, results = ctx.Barrier(clients), ctx.Queue()
-            procs = [
-                ctx.Process(target=daemon_client, args=(served[0], i, seconds, barrier, results))
-                for i in range(clients)
-            ]
-            for p in procs:
-                p.start()
-            outcomes = [results.get(timeout=seconds + 120) for _ in procs]
-            for p in procs:
-                p.join()
-        engine = make_engine(_url(database))
-        with make_sessionmaker(engine)() as s:
-            assert api.verify(s).ok
-        engine.dispose()
-        rate = sum(done for done, _, _ in outcomes) / max(elapsed for _, _, elapsed in outcomes)
-        return rate, sum(failed for _, failed, _ in outcomes)
-    finally:
-        with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    with (
+        fresh_database(pooled) as database,
+        tempfile.TemporaryDirectory(prefix="gc-bench-", dir="/tmp") as workdir,
+        daemon_process(database, Path(workdir), 64, 1, weighted=False) as served,
+    ):
+        outcomes = run_processes(daemon_client, clients, (served[0],), seconds)
+    rate = sum(done for done, _, _ in outcomes) / max(elapsed for _, _, elapsed in outcomes)
+    return rate, sum(failed for _, failed, _ in outcomes)
 
 
 def main() -> None:
