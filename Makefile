@@ -42,8 +42,17 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy $(PRODUCT)
 
+# Every test, in two lanes at once: the Slurm box suite (tests marked slurm, which spend
+# their time waiting on Slurm) in the foreground, and every other test beside it, niced,
+# its output kept in var/test-rest.log and printed after. Either failing fails the target.
 test: venv lint typecheck
-	$(BIN)/python -m pytest
+	@mkdir -p var; \
+	nice -n 10 $(BIN)/python -m pytest -m "not slurm" -p no:cacheprovider >var/test-rest.log 2>&1 & rest=$$!; \
+	$(BIN)/python -m pytest -m slurm -p no:cacheprovider; box=$$?; \
+	wait $$rest; others=$$?; \
+	echo "== every test but the box's (var/test-rest.log)"; cat var/test-rest.log; \
+	echo "== box suite: exit $$box; the rest: exit $$others"; \
+	[ $$box -eq 0 ] && [ $$others -eq 0 ]
 
 # Each bench ends with its rows of the performance table, one `goal  ...` line per
 # figure (bench/goals.py): `make bench 2>&1 | grep '^goal '` is the table. The hooks'
@@ -53,6 +62,8 @@ BENCH_SLURM ?= 1
 BENCH_SLURM_VERSIONS ?= 24.11 26.05
 # The failover bench needs root and the HA box's packages (patroni, etcd-server): BENCH_HA=1.
 BENCH_HA ?= 0
+# The cloud burst bench needs the box's cloud (GPUCREDIT_BOX_CLOUD=1 make slurm-up): BENCH_CLOUD=1.
+BENCH_CLOUD ?= 0
 bench: venv
 	$(BIN)/python -m bench.ledger_throughput
 	$(BIN)/python -m bench.meter_tick --holds 20000,50000 --workers 1
@@ -60,6 +71,8 @@ bench: venv
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.pool_cycles
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
+	$(if $(filter 0 no false,$(BENCH_SLURM)),,flock /tmp/slurmbox.lock $(BIN)/python -m bench.jobs_api)
+	$(if $(filter 1 yes true,$(BENCH_CLOUD)),flock /tmp/slurmbox.lock $(BIN)/python -m bench.cloud_burst,)
 	$(if $(filter 0 no false,$(BENCH_SLURM))$(if $(BENCH_SLURM_VERSIONS),,none),,flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_versions --slurm $(BENCH_SLURM_VERSIONS))
 	$(BIN)/python -m bench.portal_load
 	$(BIN)/python -m bench.portal_logins

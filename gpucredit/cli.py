@@ -82,10 +82,22 @@ def config_problem(error: BaseException) -> tuple[str, int] | None:
 # that `pip install 'gpucredit[postgres]'` (a controller without the portal) runs every
 # other command. name: (module, attribute, extra, the line `gpucredit --help` shows).
 LAZY: dict[str, tuple[str, str, str, str]] = {
-    "serve": ("portal.cli", "serve_command", "portal", "Serve the portal and the JSON API (waitress)."),
+    # gpucredit/portal_serve.py: portal/cli.py's serve, handed the cloud report's journal
+    "serve": (
+        "gpucredit.portal_serve",
+        "serve_command",
+        "portal",
+        "Serve the portal and the JSON API (waitress).",
+    ),
     "token": ("portal.cli", "token_group", "portal", "API tokens (Authorization: Bearer ...)."),
     "passwd": ("portal.cli", "passwd_command", "portal", "Set a portal login's password (argon2)."),
     "export": ("portal.cli", "export_group", "portal", "Files other systems read (Open OnDemand)."),
+    "submitter": (
+        "portal.cli",
+        "submitter_group",
+        "portal",
+        "Run portal users' sbatch/scancel (root service).",
+    ),
 }
 OUR_PACKAGES = (
     "accounting_bridge",
@@ -107,6 +119,8 @@ EXTRA_OF = {
     "waitress": "portal",
     "stripe": "portal",
     "pynvml": "nvml",
+    "boto3": "cloud",
+    "botocore": "cloud",
 }
 # The exit status of a command whose extra is not installed (sysexits' EX_CONFIG): the
 # units name it in RestartPreventExitStatus=, so systemd does not restart it in a loop.
@@ -120,10 +134,12 @@ def _build() -> click.Group:
     and `slurm` (slurm_hooks/admin/, which imports neither ledger nor bridge), each gain
     commands of the bridge's association sync. The root builds each as a copy of its
     owner's group with those added (`_joined`), so no package edits another's group and
-    building the CLI changes no module's objects. The portal's commands (LAZY) are
-    imported only when one runs.
+    building the CLI changes no module's objects; `balance` is a copy of the ledger's that
+    asks the portal's API where this user has no database (gpucredit/user_balance.py).
+    The portal's commands (LAZY) are imported only when one runs.
     """
     from accounting_bridge.cli import bridge
+    from accounting_bridge.cloud.cli import cloud
     from accounting_bridge.nvml.agent import agent_command
     from accounting_bridge.outage.cli import policy
     from accounting_bridge.sync.associations import import_slurm_command
@@ -131,6 +147,8 @@ def _build() -> click.Group:
     from accounting_bridge.sync.limits_cli import limits_show_command, limits_sync_command
     from accounting_bridge.sync.slurm_check import slurm_check_command
     from gpucredit.examples import example_command
+    from gpucredit.job_cli import job_group
+    from gpucredit.user_balance import with_portal
     from ledger.cli import COMMANDS as LEDGER_COMMANDS
     from ledger.cli import account_group, limits_group
     from slurm_hooks.admin.cli import slurm
@@ -141,14 +159,18 @@ def _build() -> click.Group:
         "limits": _joined(limits_group, limits_sync_command, limits_show_command),  # show: + --slurm
         "slurm": _joined(slurm, slurm_check_command),  # Slurm's associations against the ledger
     }
+    # The owner's command, asking the portal's API for a user with no database (a login node):
+    wrapped = {"balance": with_portal}
     commands: list[click.Command] = [
         *LEDGER_COMMANDS,  # ledger/cli.py: init, account, user, price, limits, topup, grant, hold, ...
         slurm,  # slurm_hooks/admin/cli.py: slurm config | install (| check, above)
         bridge,  # accounting_bridge/cli.py: bridge sacct | reconcile | meter
+        cloud,  # accounting_bridge/cloud/cli.py: cloud resume | suspend | resume-fail | instances | reconcile
         fairshare,  # accounting_bridge/sync/fairshare_cli.py: fairshare sync | show
         policy,  # accounting_bridge/outage/cli.py: policy bound | spool | readback
         agent_command,  # accounting_bridge/nvml/agent.py: agent
         example_command,  # gpucredit/examples/: the config, units and proxy files to copy
+        job_group,  # gpucredit/job_cli.py: job submit | list | show | cancel | output (the portal's API)
         _daemon_command(),  # below; what it runs: gpucredit/daemon/__init__.py
     ]  # + LAZY: portal/cli.py: serve, token, passwd, export
 
@@ -157,7 +179,8 @@ def _build() -> click.Group:
         help="Prepaid GPU credits for Slurm clusters.",
     )
     for command in commands:
-        root.add_command(joined.get(command.name or "", command))
+        name = command.name or ""
+        root.add_command(joined.get(name) or wrapped.get(name, lambda same: same)(command))
     return root
 
 

@@ -71,8 +71,12 @@ def submit(
         return _reject(NO_TIME_LIMIT)
     now = now or utcnow()
     try:
+        named = [name.strip() for name in (request.partition or "").split(",") if name.strip()]
         limit = routing.limit_for(
-            request.account, request.directives.get("max_cost"), _yes_no(request.directives.get("cloud"))
+            request.account,
+            request.directives.get("max_cost"),
+            _yes_no(request.directives.get("cloud")),
+            names_cloud=routing.names_cloud(named),
         )
         if limit is None:
             not_offered = _not_offered(request, partition_types, snapshot.prices.gpu_types())

@@ -484,12 +484,15 @@ end
 
 -- A routed job: the partitions it may run in (Slurm starts it in the first
 -- that can, by PriorityTier) and the decision, ahead of the user's own text,
--- in its comment. Both are checked before either is written.
+-- in its comment; cloud partitions held back for a while are named in its
+-- AdminComment, which users cannot edit, for the daemon's burst pass. All are
+-- checked before any is written.
 local function apply_route(job_desc, result)
-    local partition, comment = result.partition, result.comment
+    local partition, comment, admin_comment = result.partition, result.comment, result.admin_comment
     if (partition ~= nil and type(partition) ~= "string")
-        or (comment ~= nil and type(comment) ~= "string") then
-        fail("garbled reply: partition or comment is not a string")
+        or (comment ~= nil and type(comment) ~= "string")
+        or (admin_comment ~= nil and type(admin_comment) ~= "string") then
+        fail("garbled reply: partition, comment or admin_comment is not a string")
     end
     if partition ~= nil and partition ~= "" then
         job_desc.partition = partition
@@ -497,6 +500,9 @@ local function apply_route(job_desc, result)
     if comment ~= nil then
         job_desc.comment = comment
         slurm.log_info("gpucredit: user %s: %s", tostring(job_desc.user_name), comment)
+    end
+    if admin_comment ~= nil then
+        job_desc.admin_comment = admin_comment
     end
 end
 

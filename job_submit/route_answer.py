@@ -7,11 +7,19 @@ the job gives none, its own dearest type for untyped GPUs), skips partitions tha
 a GPU type the job names, and words the decision twice: the sbatch message, and the
 comment job_submit.lua writes on the job ahead of the user's own text, which
 `scontrol show job` and `sacct -o Comment` show later.
+
+Where the site holds cloud partitions back (`[routing] burst_after_seconds`), a job
+allowed both sites is given its on-premise partitions now and its cloud ones in its
+AdminComment (`gpucredit-burst=cloud,...`), which only an operator can set: the daemon's
+burst pass (gpucredit/daemon/burst_keeper.py) adds them once the job has waited that
+long. A task array is never held back: its pending tasks share one record, which the
+pass would have to re-partition while some tasks already run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from job_submit.pricing import PartitionTypes, credit_words, job_text, typed_gpus
@@ -22,11 +30,13 @@ from ledger.money import format_credits
 from slurmtext import routed_comment
 
 TAG = "gpucredit"
+BURST_MARK = "gpucredit-burst="  # AdminComment: the cloud partitions to add later
 ALLOW_CLOUD = "add gpucredit:cloud=yes to --comment"
 # Why a partition was left out, by the ledger's verdict (ledger/pricing/routing.py).
 LEFT_OUT = {
     "cloud_not_allowed": "cloud not allowed",
     "over_limit": "over the limit",
+    "over_cloud_budget": "over the account's cloud budget",
     "over_credit": "more than is available",
 }
 
@@ -52,7 +62,10 @@ def answer_routed(
     assert request.account is not None
     requested = [name.strip() for name in (request.partition or "").split(",") if name.strip()]
     options, texts, notes = _options(snapshot, request, fields, requested, config, partition_types, now)
-    decision = route(options, limit=limit, cloud_permitted=limit.allow_cloud or bool(requested))
+    spend = None if limit.cloud_budget_ucredits is None else snapshot.cloud_spend(request.account)
+    decision = route(
+        options, limit=limit, cloud_permitted=limit.allow_cloud or bool(requested), cloud_spend=spend
+    )
     refused_at = decision.refused_at
     if refused_at is not None:
         return _refusal(decision, refused_at, request.account, texts, notes, top_up_hint)
@@ -60,15 +73,20 @@ def answer_routed(
     assert quote is not None
     quoted = next(o for o in decision.allowed if o.estimate is quote)
     several = len(decision.allowed) > 1
+    eligible = not requested and not request.is_array
+    first, later = decision.burst_plan(config.burst_after_seconds, eligible=eligible)
+    held = Held(first, later, config.burst_after_seconds) if later else None
     head = f"~{format_credits(quote.cost_ucredits)} credits{' at most' if several else ''}"
     message = (
-        f"{TAG}: {head} ({texts[quoted.partition]}) {_placement(decision)}{notes[quoted.partition]}"
+        f"{TAG}: {head} ({texts[quoted.partition]}) {_placement(decision, held)}{notes[quoted.partition]}"
         f"{_limit_text(limit, request.account)}; "
         f"{format_credits(quote.available_ucredits)} available in {request.account}"
     )
-    answer = {"decision": "accept", "message": message, "comment": _comment(decision, request)}
-    if decision.partitions:
-        answer["partition"] = ",".join(decision.partitions)
+    answer = {"decision": "accept", "message": message, "comment": _comment(decision, request, held)}
+    if first:
+        answer["partition"] = ",".join(first)
+    if later:
+        answer["admin_comment"] = BURST_MARK + ",".join(later)
     return answer
 
 
@@ -125,12 +143,29 @@ def _run_cost(option: PartitionOption) -> str:
     return f"~{format_credits(option.estimate.cost_per_task_ucredits)}"
 
 
-def _placement(decision: Route) -> str:
-    """`in onprem` or `in onprem (~1.00) or cloud (~1.50), where Slurm can start it first`,
+@dataclass(frozen=True)
+class Held:
+    """Cloud partitions held back: the job gets `now`, the burst pass adds `later` once
+    it has waited `seconds`."""
+
+    now: tuple[str, ...]
+    later: tuple[str, ...]
+    seconds: int
+
+
+def _placement(decision: Route, held: Held | None) -> str:
+    """`in onprem` or `in onprem (~1.00) or cloud (~1.50), where Slurm can start it first`
+    (held back: `in onprem (~1.00), or cloud (~1.50) if it has not started within 30 s`),
     then the partitions left out and why."""
     allowed = decision.allowed
     if len(allowed) == 1:
         text = f"in {_where(allowed[0])}"
+    elif held is not None:
+        first, then = (
+            " or ".join(f"{_where(o)} ({_run_cost(o)})" for o in allowed if o.partition in names)
+            for names in (held.now, held.later)
+        )
+        text = f"in {first}, or {then} if it has not started within {held.seconds} s"
     else:
         listed = " or ".join(f"{_where(o)} ({_run_cost(o)})" for o in allowed)
         text = f"in {listed}, where Slurm can start it first"
@@ -159,9 +194,11 @@ def _limit_text(limit: CostLimit, account: str) -> str:
     return f"; limit {format_credits(limit.max_cost_ucredits)} a run ({_limit_source(limit, account)})"
 
 
-def _comment(decision: Route, request: JobRequest) -> str:
+def _comment(decision: Route, request: JobRequest, held: Held | None) -> str:
     """The decision and its reasons, for the job's comment (one line, no '=')."""
     where = ",".join(decision.partitions) or "the default partition"
+    if held is not None:
+        where = f"{','.join(held.now)}, then {','.join(held.later)} after {held.seconds} s"
     limit = decision.limit
     terms = []
     if limit.max_cost_ucredits is not None:
@@ -200,8 +237,9 @@ def _refusal(
             "Raise gpucredit:max_cost in --comment, or ask for fewer GPUs or less time"
             + _cloud_would_fit(decision)
         )
-    elif verdict == "over_cap":
-        breach = estimate.limit_breach
+    elif verdict in ("over_cap", "over_cloud_budget"):
+        # A cap and the cloud budget are refused alike: the breach's code, its words, the job.
+        breach = estimate.limit_breach if verdict == "over_cap" else decision.budget_breach(refused_at)
         assert breach is not None
         message = f"{breach.code}: {breach.message} (job: {what})"
     else:

@@ -20,6 +20,8 @@ CLI and the HTTP API, are the part `keyed`, under the same names.
 
 The parts, and the sub-package each lives in:
 
+    keyed requests (books) first_result, keep_result: idempotency keys for a request the
+                           ledger does not perform (a job submitted through the API)
     accounts (books)       create_account, ensure_account, account_names, add_member,
                            members, member_roles (access), memberships (views)
     transfers (books)      transfer: available credit from one account to another
@@ -36,7 +38,9 @@ The parts, and the sub-package each lives in:
                            PriceTable, rate_of, charge_for (ledger.money), quote,
                            estimate, Estimate
     routing (pricing)      route, candidate_partitions, Route, RoutingConfig, CostLimit,
-                           PartitionOption
+                           PartitionOption, route_quote (the placement, from the database)
+    cloud budget (pricing) cloud_spend, cloud_budget_breach, CloudSpend, CloudBudgetScope:
+                           an account's cloud spend this month against its budget
     job_submit (pricing)   Snapshot, SnapshotKeeper: the picture job_submit is answered from
     holds (holds)          create_hold(s, HoldRequest(...)), hold_usage, settle_hold,
                            release_hold, adjust_hold, hold_refusal, record_unreserved_run,
@@ -57,10 +61,15 @@ The parts, and the sub-package each lives in:
                            AccountTotals, fairness_inputs, FairnessInputs, enforcement,
                            AccountEnforcement, MemberEnforcement, Block, ChargeCounter,
                            ChargeTotals
+    cloud bill (views)     cloud_report, month_bounds, InstanceSpan, CloudReport,
+                           CloudReportRow, CLOUD_REPORT_COLUMNS: a month's instance cost
+                           beside the credits charged to the jobs on them
     audit (books)          verify, journal_entries
     access (access)        set_portal_user, portal_user, end_portal_sessions, roles_of,
                            create_token, authenticate_token, list_tokens, revoke_token,
-                           TokenInfo
+                           TokenInfo; spend_credential (a MUNGE credential, once),
+                           request_payload, read_request_payload, BoundRequest
+                           (the request a credential is made for)
 
 Batch operations: lock_batch, LockedBatch, create_holds, settle_holds,
 apply_holds_and_settles, find_active_holds, active_holds_among, create_holds_together,
@@ -73,6 +82,12 @@ group commit, the meter's tick, the sacct bridge's rounds.
 
 from __future__ import annotations
 
+from ledger.access.credentials import (
+    BoundRequest,
+    read_request_payload,
+    request_payload,
+    spend_credential,
+)
 from ledger.access.identity import (
     TokenInfo,
     authenticate_token,
@@ -98,6 +113,7 @@ from ledger.books.balance import account_summary, balance
 from ledger.books.checkpoints import CHECKPOINT_EVERY, checkpoint_balances
 from ledger.books.credit_use import CreditUse, credit_use, parse_share
 from ledger.books.grants import consume, grant, topup
+from ledger.books.keyed_requests import first_result, keep_result
 from ledger.books.payments import (
     cancel_payment,
     find_payment,
@@ -153,6 +169,7 @@ from ledger.holds.unreserved import UnreservedRun, record_unreserved_run, record
 from ledger.holds.usage import hold_usage, hold_usage_many
 from ledger.limits.caps import set_limits, show_limits
 from ledger.money import charge_for
+from ledger.pricing.cloud_budget import CloudBudgetScope, CloudSpend, cloud_budget_breach, cloud_spend
 from ledger.pricing.prices import (
     PriceTable,
     list_prices,
@@ -162,6 +179,7 @@ from ledger.pricing.prices import (
     set_price,
 )
 from ledger.pricing.quotes import Estimate, estimate, quote
+from ledger.pricing.route_quote import route_quote
 from ledger.pricing.routing import (
     CostLimit,
     PartitionOption,
@@ -173,6 +191,8 @@ from ledger.pricing.routing import (
 from ledger.pricing.snapshot import Snapshot, SnapshotKeeper
 from ledger.store.models import UNKNOWN_SUBMIT, HoldStatus
 from ledger.views.charge_counter import ChargeCounter, ChargeTotals
+from ledger.views.cloud_report import COLUMNS as CLOUD_REPORT_COLUMNS
+from ledger.views.cloud_report import CloudReport, CloudReportRow, InstanceSpan, cloud_report, month_bounds
 from ledger.views.efficiency import UsageDelta, add_gpu_usage, efficiency_report
 from ledger.views.enforcement import AccountEnforcement, Block, MemberEnforcement, enforcement
 from ledger.views.fairness_inputs import FairnessInputs, fairness_inputs
@@ -191,6 +211,7 @@ from ledger.views.totals import AccountTotals, account_totals, memberships
 __all__ = [
     "ACCRUES_NOW",
     "CHECKPOINT_EVERY",
+    "CLOUD_REPORT_COLUMNS",
     "UNKNOWN_SUBMIT",
     "AccountEnforcement",
     "AccountTotals",
@@ -198,9 +219,14 @@ __all__ = [
     "ActiveRun",
     "Adjustment",
     "Block",
+    "BoundRequest",
     "CapOverrun",
     "ChargeCounter",
     "ChargeTotals",
+    "CloudBudgetScope",
+    "CloudReport",
+    "CloudReportRow",
+    "CloudSpend",
     "CostLimit",
     "CreditUse",
     "Estimate",
@@ -208,6 +234,7 @@ __all__ = [
     "HoldRequest",
     "HoldState",
     "HoldStatus",
+    "InstanceSpan",
     "JobRecord",
     "LockedBatch",
     "MemberEnforcement",
@@ -250,6 +277,9 @@ __all__ = [
     "check_tree",
     "checkpoint_balances",
     "children_of",
+    "cloud_budget_breach",
+    "cloud_report",
+    "cloud_spend",
     "consume",
     "cost_so_far",
     "create_account",
@@ -271,6 +301,7 @@ __all__ = [
     "find_hold",
     "find_job_holds",
     "find_payment",
+    "first_result",
     "get_hold",
     "get_payment",
     "grant",
@@ -282,6 +313,7 @@ __all__ = [
     "job_history",
     "job_record",
     "journal_entries",
+    "keep_result",
     "keyed",
     "lease_needs_renewal",
     "lease_overspend_bound",
@@ -297,6 +329,7 @@ __all__ = [
     "member_roles",
     "members",
     "memberships",
+    "month_bounds",
     "open_payment",
     "outage_prices",
     "parse_outage",
@@ -307,14 +340,17 @@ __all__ = [
     "price_versions",
     "quote",
     "rate_of",
+    "read_request_payload",
     "record_unreserved_run",
     "record_unreserved_runs",
     "release_hold",
     "renew_leases",
+    "request_payload",
     "revoke_token",
     "roles_of",
     "room_for",
     "route",
+    "route_quote",
     "running_totals",
     "seconds_run",
     "set_accrual",
@@ -328,6 +364,7 @@ __all__ = [
     "settle_hold",
     "settle_holds",
     "show_limits",
+    "spend_credential",
     "subtree",
     "sweep",
     "topup",

@@ -48,7 +48,9 @@ DEFAULTS: dict[str, Any] = {
     },
     # Partition sites and accounts' default cost limits for routing (docs/routing.md).
     "partitions": {},  # NAME: {"site": "onprem" | "cloud"}
-    "routing": {"accounts": {}},  # NAME: {"max_cost": "25", "cloud": True}
+    # accounts: NAME: {"max_cost": "25", "cloud": True, "cloud_budget": "500"}; a job allowed both
+    # sites waits burst_after_seconds on-premise before its cloud partitions are added (0: at once).
+    "routing": {"accounts": {}, "burst_after_seconds": 0},
     # Slurm shares from credit (docs/fairshare.md): funded in the last funded_days, less
     # damping_percent of what was spent in the last spent_days; a funded account gets at
     # least floor_percent of the median; each member starts at member_shares.

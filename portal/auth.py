@@ -11,7 +11,10 @@ Three ways in, one `Principal`:
   (portal.proxy: from one of `portal.trusted_proxies` AND carrying the secret the
   proxy shares with the portal), so no other process, on any host, can claim a name;
 - an API token, `Authorization: Bearer gpc_...` (stored hashed, with a role and an
-  expiry; `gpucredit token create`).
+  expiry; `gpucredit token create`);
+- on the API only, when `portal.munge_auth` is on: a MUNGE credential,
+  `Authorization: MUNGE ...`, made by the cluster's munged for one request; the uid it
+  names is the user, with role "user" (portal/munge_auth.py says what it trusts).
 
 Roles: a user sees the accounts they are a member of, and manages those where they
 are `manager` (a PI); an admin sees and manages everything; a service token (hooks,
@@ -46,6 +49,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import LedgerError, NotFound
+from portal import munge_auth
 from portal.proxy import client_address, from_proxy
 from portal.security import (
     check_password_slot,
@@ -83,7 +87,7 @@ class Unauthenticated(LedgerError):
 class Principal:
     user: str
     role: str  # "user" | "admin" | "service"
-    via: str  # "session" | "header" | "token"
+    via: str  # "session" | "header" | "token" | "munge"
     token_id: int | None = None
 
     @property
@@ -125,6 +129,9 @@ def _load_principal() -> None:
             g.auth_error = "invalid, expired or revoked token"
         return
     settings = portal_settings_now()
+    if header.startswith(f"{munge_auth.SCHEME} ") and request.path.startswith("/api/"):
+        _munge_principal(header.removeprefix(f"{munge_auth.SCHEME} "), settings)
+        return
     if settings["auth"] == "header":
         name = request.headers.get(settings["sso_header"], "").strip()
         if name and from_proxy():
@@ -136,6 +143,29 @@ def _load_principal() -> None:
             )
     if settings["password_login"]:
         g.principal = _session_principal()
+
+
+def _munge_principal(credential: str, settings: dict[str, Any]) -> None:
+    """The user a MUNGE credential proves for this request, or why not (g.auth_error)."""
+    if not settings["munge_auth"]:
+        g.auth_error = (
+            "MUNGE authentication is not enabled on this portal (portal.munge_auth): "
+            "send an API token, Authorization: Bearer gpc_..."
+        )
+        return
+    query = request.query_string.decode("latin-1")
+    bound = {
+        "method": request.method,
+        "target": request.path + (f"?{query}" if query else ""),
+        "body": request.get_data(cache=True),
+    }
+    try:
+        name = munge_auth.authenticate(credential, bound, settings)
+    except munge_auth.MungeRefused as refusal:
+        log.warning("refused a MUNGE credential from %s: %s", client_address(), refusal)
+        g.auth_error = str(refusal)
+        return
+    g.principal = Principal(name, "user", "munge")
 
 
 def portal_settings_now() -> dict[str, Any]:

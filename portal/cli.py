@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -19,6 +20,15 @@ if TYPE_CHECKING:
 @click.option("--threads", type=int, default=None, help="Worker threads (default: portal.threads).")
 def serve_command(host: str | None, port: int | None, threads: int | None) -> None:
     """Serve the portal and the JSON API (waitress), and /metrics on its own listener."""
+    serve(host, port, threads)
+
+
+def serve(
+    host: str | None, port: int | None, threads: int | None, prepare: Callable[[Flask], object] | None = None
+) -> None:
+    """serve_command's work; `prepare(app)`, when given, runs once the app is made: how
+    the CLI root hands the portal what it may not import itself (the cloud report's
+    instance journal: gpucredit/portal_serve.py)."""
     import logging
 
     from waitress import serve
@@ -38,6 +48,8 @@ def serve_command(host: str | None, port: int | None, threads: int | None) -> No
     except PortalConfigError as error:  # a door left open: say which, start nothing
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
+    if prepare is not None:
+        prepare(app)
     serve_metrics(app)
     click.echo(f"gpucredit portal on http://{host}:{port}/", err=True)
     # One process with threads: in-memory rate limits and the SQLite file stay exact,
@@ -172,3 +184,29 @@ def export_ood_balance(path: str) -> None:
 
 
 COMMANDS = [serve_command, token_group, passwd_command, export_group]
+
+
+@click.group("submitter")
+def submitter_group() -> None:
+    """The root service that runs a portal user's own sbatch/scancel (Slurm 22.05)."""
+
+
+@submitter_group.command("serve")
+@click.option("--socket", "socket_path", default="/run/gpucredit/submitter.sock", show_default=True)
+@click.option(
+    "--allow-uid", type=int, required=True, help="The portal's service uid: the only peer answered."
+)
+@click.option(
+    "--min-uid", type=int, default=1000, show_default=True, help="Users below this uid are refused."
+)
+@click.option("--bin-dir", default=None, help="Slurm's commands (default: slurm.bin_dir from the config).")
+def submitter_serve(socket_path: str, allow_uid: int, min_uid: int, bin_dir: str | None) -> None:
+    """Serve the submitter on a Unix socket (run as root; docs/admin-guide.md)."""
+    import logging
+
+    from ledger.config import load_config
+    from portal.jobs.submitter import Submitter, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    bin_dir = bin_dir or str(load_config()["slurm"].get("bin_dir", "/usr/bin"))
+    serve(socket_path, allow_uid, Submitter(min_uid=min_uid, bin_dir=bin_dir))

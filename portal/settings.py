@@ -44,6 +44,11 @@ PORTAL_DEFAULTS: dict[str, Any] = {
     # sso_header (auth = "header"), the client's address in X-Real-IP (rate limits).
     "trusted_proxies": [],  # none by default: header sign-on needs a configured proxy
     "proxy_secret_file": None,
+    # MUNGE authentication for the API (portal/munge_auth.py): off unless set; then anyone
+    # who can get a credential from the cluster's munged is, to the API, the uid it names.
+    "munge_auth": False,
+    "munge_socket": None,  # None: munged's own (/run/munge/munge.socket.2)
+    "unmunge": "/usr/bin/unmunge",
     "password_login": None,  # None: on with auth = "local", off with auth = "header"
     "secret_key_file": None,  # default: beside an embedded database, else the StateDirectory
     "cookie_secure": None,  # None: secure unless the portal is served on plain http loopback
@@ -111,6 +116,9 @@ def _check_sign_on(portal: dict[str, Any]) -> None:
             "process on its host). See docs/admin-guide.md, Security."
         )
     portal["password_login"] = _password_login(portal)
+    portal["munge_auth"] = _truthy(portal["munge_auth"])
+    if portal["munge_auth"] and not str(portal["unmunge"] or "").startswith("/"):
+        raise PortalConfigError(f"portal.unmunge must be an absolute path, not {portal['unmunge']!r}")
 
 
 def _password_login(portal: dict[str, Any]) -> bool:

@@ -68,6 +68,11 @@ def _host_run(command: Sequence[str], user: str | None) -> None:
 def main(argv: Sequence[str]) -> int:
     if len(argv) == 2 and argv[0] == "_supervise":
         return supervise(int(argv[1]))
+    if argv == ["_cloud_boot"]:
+        from slurmbox import box_cloud
+        from slurmbox.box import _DAEMON_ENV
+
+        return box_cloud.boot_main(LOG_DIR, _DAEMON_ENV)
     if len(argv) == 3 and argv[0] == "_supervise-chroot":
         from slurmbox import chroot
 
@@ -104,7 +109,7 @@ def _host_main(verb: str, command: Sequence[str], user: str | None) -> int:
         state = "already up" if was_up else f"up in {seconds:.1f} s"
         print(f"Slurm box {state}; hooks: {box.status()['hooks']}; logs in {LOG_DIR}")
         if box.resolved_hooks() == "gpucredit":
-            print("\n".join(gpucredit_site.up()))
+            print("\n".join(gpucredit_site.up(portal=True)))
     elif verb == "down":
         gpucredit_site.down()
         print(f"Slurm box down in {box.down():.1f} s")

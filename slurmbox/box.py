@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_hooks.admin import slurmconf
+from slurmbox import box_cloud
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf" / "slurm"
@@ -65,7 +66,7 @@ STATE_DIR = Path("/var/lib/gpucredit-box")  # Slurm state (wiped by down), fake 
 LOG_DIR = Path("/var/log/gpucredit-box")
 JOB_DIR = Path("/tmp/gpucredit-box-jobs")  # sbatch's cwd: job output lands here
 FAKE_GPU_DIR = STATE_DIR / "fakegpu"  # must match conf/slurm/gres.conf
-FAKE_GPUS = 12
+FAKE_GPUS = 16  # nvidia[12-15]: cloud1's (slurmbox/box_cloud.py)
 # node3 alone is partition cloud (docs/routing.md): on-prem GPUs can be busy while cloud's are free.
 NODES = ("node1", "node2", "node3")
 # One CPU per GPU, so each GPU can run a one-GPU job at once (slurm.conf has config_overrides).
@@ -114,7 +115,9 @@ SACCT_FIELDS = (
     "AdminComment",
 )
 _SACCT_DELIMITER = "\x1f"  # the tests' jobs never put it in a name or comment
-_DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# The provider's credentials (moto's dummies) as a site gives them to slurmctld: its
+# power-saving programs inherit them.
+_DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", **box_cloud.CREDENTIALS}
 _COMMAND_TIMEOUT_S = 30
 _PR_SET_CHILD_SUBREAPER = 36
 _MUNGE_CHECK = "/usr/bin/munge -n </dev/null | /usr/bin/unmunge"
@@ -130,6 +133,7 @@ class Daemon:
     argv: tuple[str, ...]
     log: Path  # the daemon's own log file (shown on failure)
     user: str | None = None
+    cwd: str = "/"
 
 
 def _daemons() -> dict[str, Daemon]:
@@ -142,6 +146,16 @@ def _daemons() -> dict[str, Daemon]:
     ]
     daemons += [
         Daemon(f"slurmd-{n}", ("/usr/sbin/slurmd", "-D", "-N", n), LOG_DIR / f"slurmd.{n}.log") for n in NODES
+    ]
+    # The box's cloud (SlurmBox.cloud): the provider, and the instances' "boot".
+    daemons += [
+        Daemon("moto", box_cloud.moto_argv(), LOG_DIR / "moto.out"),
+        Daemon(
+            "cloud-boot",
+            (sys.executable, "-m", "slurmbox", "_cloud_boot"),
+            LOG_DIR / "cloud-boot.out",
+            cwd=str(REPO),
+        ),
     ]
     return {d.name: d for d in daemons}
 
@@ -457,6 +471,7 @@ class SlurmBox(BoxCommands):
     )
     hook_dir: str = slurmconf.DEFAULT_HOOK_DIR
     timeout_s: float = 60.0
+    cloud: bool = field(default_factory=lambda: os.environ.get("GPUCREDIT_BOX_CLOUD") == "1")
 
     def __post_init__(self) -> None:
         self._supervisor: subprocess.Popen[bytes] | None = None
@@ -475,6 +490,11 @@ class SlurmBox(BoxCommands):
                 "run_dir": str(RUN_DIR),
                 "log_dir": str(LOG_DIR),
                 "cpus": str(CPUS_PER_NODE),
+                "cloud_lines": (
+                    box_cloud.slurm_conf_lines(self.hook_dir, CPUS_PER_NODE).rstrip("\n")
+                    if self.cloud
+                    else ""
+                ),
             },
         )
 
@@ -518,6 +538,8 @@ class SlurmBox(BoxCommands):
             force=True,
             backup=False,
         )
+        if self.cloud:
+            box_cloud.write_shims(self.hook_dir, str(Path(self.gpucredit_exe).with_name("python")))
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         _write(RUN_DIR / "hooks", f"{resolved} {' '.join(command)} {lua}\n")
         return resolved
@@ -852,7 +874,7 @@ class _Supervisor:
             proc = subprocess.Popen(
                 daemon.argv,
                 env=_DAEMON_ENV,
-                cwd="/",
+                cwd=daemon.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -892,6 +914,12 @@ class _Supervisor:
         shutil.rmtree(JOB_DIR, ignore_errors=True)
         for d in (STATE_DIR / "slurmctld", *(STATE_DIR / "slurmd" / n for n in NODES), JOB_DIR):
             d.mkdir(parents=True, exist_ok=True)
+        if box.cloud:  # a fresh provider (moto keeps nothing) and a fresh journal
+            shutil.rmtree(STATE_DIR / "cloud", ignore_errors=True)
+            for n in box_cloud.CLOUD_NODES:
+                (STATE_DIR / "slurmd" / n).mkdir(parents=True, exist_ok=True)
+            box_cloud.CONFIG.parent.mkdir(parents=True, exist_ok=True)
+            _write(box_cloud.CONFIG, box_cloud.config_text(STATE_DIR / "cloud"))
         JOB_DIR.chmod(0o1777)
         Path(ETC_DIR).mkdir(parents=True, exist_ok=True)
         _write(Path(ETC_DIR) / "slurm.conf", box.render_slurm_conf())
@@ -911,7 +939,10 @@ class _Supervisor:
             try:
                 pwd.getpwnam(user)
             except KeyError:
-                run(["/usr/sbin/useradd", "-m", "-s", "/bin/bash", user])
+                # 9: made a moment ago by another (a test beside the box's, as root)
+                made = run(["/usr/sbin/useradd", "-m", "-s", "/bin/bash", user], check=False)
+                if made.returncode not in (0, 9):
+                    raise BoxError(f"useradd {user}: {made.stderr.strip()}") from None
 
     def start_munge(self) -> None:
         if _ok(["/bin/sh", "-c", _MUNGE_CHECK]):
@@ -975,9 +1006,20 @@ class _Supervisor:
         self.add_associations()
         self.add_partition_qos()
         self.log("associations added")
+        if self.box.cloud:
+            self.spawn("moto")
+            _wait_until(
+                box_cloud.provider_answers,
+                30,
+                "moto did not answer",
+                self.logs("moto"),
+                self.died("moto"),
+            )
         self.spawn("slurmctld")
         for node in NODES:
             self.spawn(f"slurmd-{node}")
+        if self.box.cloud:
+            self.spawn("cloud-boot")
         self.wait_ready()
 
     def add_associations(self) -> None:
@@ -1100,7 +1142,9 @@ def _nodes_ready() -> bool:
     out = run(["/usr/bin/sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
     states = dict(line.split() for line in out.splitlines() if line.strip())
     ok = {"idle", "mixed", "allocated", "completing"}
-    return set(states) == set(NODES) and all(s in ok for s in states.values())
+    # The box's cloud nodes are powered down (idle~) until a job needs one.
+    on_premise = {node: state for node, state in states.items() if node not in box_cloud.CLOUD_NODES}
+    return set(on_premise) == set(NODES) and all(s in ok for s in on_premise.values())
 
 
 def supervise(ready_fd: int) -> int:

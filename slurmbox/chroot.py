@@ -249,6 +249,7 @@ class ChrootBox(BoxCommands):
                 "run_dir": RUN_DIR,
                 "log_dir": LOG_DIR,
                 "cpus": str(CPUS_PER_NODE),
+                "cloud_lines": "",  # the box's cloud runs on the host's 22.05 box only
             },
         )
         return self._ports(text, "slurm.conf")

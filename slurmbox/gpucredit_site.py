@@ -5,11 +5,14 @@ mirrors Slurm's accounts, sets the demo prices when none are set, installs the
 hooks and starts two `gpucredit daemon`s in the background, as on a site with a
 backup controller (docs/admin-guide.md "Two controllers"): the hooks list both
 sockets and fail over; kill one (`kill $(cat /run/gpucredit/daemon.pid)`) and jobs
-still hold and settle through the other. Then:
+still hold and settle through the other. On the host's box (22.05) it also starts the
+portal on PORTAL_URL and the job submitter behind it (docs/admin-guide.md §4b), with
+MUNGE sign-on, so a user's `gpucredit job ...` needs no token. Then:
 
     gpucredit topup physics 100
     runuser -u alice -- sbatch -D /tmp -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
     gpucredit hold list; gpucredit balance physics
+    runuser -u alice -- .venv/bin/gpucredit job list
 
 The ledger is the embedded SQLite file: trying gpucredit needs no database
 server. Point `[database] url` at PostgreSQL for anything more (the tests' box
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurmbox.box import BoxError
@@ -38,7 +43,28 @@ BACKUP_PID_FILE = Path("/run/gpucredit/backup.pid")
 BACKUP_SOCKET = Path("/run/gpucredit/backup.sock")
 LOG_DIR = Path("/var/log/gpucredit")
 LEDGER = Path("/var/lib/gpucredit/gpucredit.db")  # the embedded ledger CONFIG_TEXT names
+# The portal (as root here; a site runs it as its own user) and the root submitter that
+# answers that uid alone.
+PORTAL_PORT = 8088
+PORTAL_URL = f"http://127.0.0.1:{PORTAL_PORT}/"
+PORTAL_PID_FILE = Path("/run/gpucredit/portal.pid")
+SUBMITTER_PID_FILE = Path("/run/gpucredit/submitter.pid")
+SUBMITTER_SOCKET = Path("/run/gpucredit/submitter.sock")
 DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
+DEMO_CLOUD_PRICES = {"a100": "3.00", "h100": "5.40"}  # in the cloud partitions (docs/routing.md)
+# The box's sites: `--comment=gpucredit:cloud=yes` may take `cloud` (node3) or, when the
+# box runs its cloud, `burst` (cloud1, launched on demand), once on-premise has had 5 s.
+ROUTING_TEXT = """
+[partitions.onprem]
+site = "onprem"
+[partitions.cloud]
+site = "cloud"
+[partitions.burst]
+site = "cloud"
+
+[routing]
+burst_after_seconds = 5
+"""
 CONFIG_TEXT = f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
 url = "sqlite:///{LEDGER}"
@@ -59,7 +85,13 @@ log_file = "{LOG_DIR / "hooks.log"}"
 
 [agent]
 spool_dir = "/var/spool/gpucredit/%n"
-"""
+
+[portal]
+url = "{PORTAL_URL}"
+port = {PORTAL_PORT}
+submitter_socket = "{SUBMITTER_SOCKET}"
+munge_auth = true
+{ROUTING_TEXT}"""
 _DAEMON_START_S = 20
 _DAEMONS = ((PID_FILE, SOCKET, "daemon.log"), (BACKUP_PID_FILE, BACKUP_SOCKET, "backup-daemon.log"))
 
@@ -85,8 +117,9 @@ def running_pid(pid_file: Path = PID_FILE) -> int | None:
     return None if "State:\tZ" in status else pid
 
 
-def up() -> list[str]:
-    """Set gpucredit up on the running box and start its daemon; returns what to tell the admin."""
+def up(*, portal: bool = False) -> list[str]:
+    """Set gpucredit up on the running box and start its daemons (`portal`: the portal
+    and the submitter too); returns what to tell the admin."""
     if not CONFIG.exists():
         CONFIG.parent.mkdir(parents=True, exist_ok=True)
         CONFIG.write_text(CONFIG_TEXT)
@@ -96,13 +129,17 @@ def up() -> list[str]:
     if gpucredit("price", "list", "--format", "csv").count("\n") <= 1:
         for gres, price in DEMO_PRICES.items():
             gpucredit("price", "set", gres, price)
+        for partition in ("cloud", "burst"):
+            for gres, price in DEMO_CLOUD_PRICES.items():
+                gpucredit("price", "set", gres, price, "--partition", partition)
     gpucredit("slurm", "install", "--config", str(CONFIG))
-    for pid_file, socket, log in _DAEMONS:
+    for pid_file, daemon_socket, log in _DAEMONS:
         if running_pid(pid_file) is None:
-            _start_daemon(pid_file, socket, log)
+            _start_daemon(pid_file, daemon_socket, log)
     said += [
         f"gpucredit daemons running (pids {running_pid()}, {running_pid(BACKUP_PID_FILE)}); "
         f"config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
+        *(_start_portal() if portal else []),
         "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -D /tmp -A physics "
         "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
     ]
@@ -122,23 +159,8 @@ def make_private(database: Path) -> None:
 
 
 def _start_daemon(pid_file: Path, socket: Path, log_name: str) -> None:
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOG_DIR / log_name, "ab") as log:
-        proc = subprocess.Popen(
-            [GPUCREDIT, "daemon", "--socket", str(socket)],
-            env={**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,  # outlives `make slurm-up`
-        )
-    pid_file.write_text(f"{proc.pid}\n")
-    weigh_as_its_unit(proc.pid)  # the box has no systemd to apply the unit's CPUWeight
-    deadline = time.monotonic() + _DAEMON_START_S
-    while not socket.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise BoxError(f"gpucredit daemon did not start; see {LOG_DIR / log_name}")
-        time.sleep(0.1)
+    pid = _background(["daemon", "--socket", str(socket)], pid_file, log_name, socket.exists)
+    weigh_as_its_unit(pid)  # the box has no systemd to apply the unit's CPUWeight
 
 
 def weigh_as_its_unit(pid: int) -> str:
@@ -153,8 +175,55 @@ def weigh_as_its_unit(pid: int) -> str:
         return f"default: could not weigh it as its systemd unit does ({error})"
 
 
+def _start_portal() -> list[str]:
+    """The submitter, then the portal, each once; what to tell the admin."""
+    if running_pid(SUBMITTER_PID_FILE) is None:
+        SUBMITTER_SOCKET.unlink(missing_ok=True)
+        argv = ["submitter", "serve", "--socket", str(SUBMITTER_SOCKET), "--allow-uid", str(os.getuid())]
+        _background(argv, SUBMITTER_PID_FILE, "submitter.log", SUBMITTER_SOCKET.exists)
+    if running_pid(PORTAL_PID_FILE) is None:
+        _background(["serve"], PORTAL_PID_FILE, "portal.log", lambda: _answers(PORTAL_PORT))
+    return [
+        f"portal on {PORTAL_URL} (pid {running_pid(PORTAL_PID_FILE)}), jobs through the submitter "
+        f"(pid {running_pid(SUBMITTER_PID_FILE)}); a user needs no token: "
+        "runuser -u alice -- .venv/bin/gpucredit job list"
+    ]
+
+
+def _background(args: list[str], pid_file: Path, log_name: str, ready: Callable[[], bool]) -> int:
+    """`gpucredit ARGS` in a session of its own (it outlives `make slurm-up`), logging to
+    LOG_DIR/log_name; its pid once `ready()`."""
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOG_DIR / log_name, "ab") as log:
+        proc = subprocess.Popen(
+            [GPUCREDIT, *args],
+            env={**os.environ, "GPUCREDIT_CONFIG": str(CONFIG)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + _DAEMON_START_S
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise BoxError(f"gpucredit {args[0]} did not start; see {LOG_DIR / log_name}")
+        time.sleep(0.1)
+    return proc.pid
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def down() -> None:
     """Stop the daemons; the ledger and the config stay (the next `up` reuses them)."""
+    for pid_file in (PORTAL_PID_FILE, SUBMITTER_PID_FILE):
+        pid = running_pid(pid_file)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        pid_file.unlink(missing_ok=True)
     for pid_file, _socket, _log in _DAEMONS:
         pid = running_pid(pid_file)
         if pid is not None:

@@ -6,7 +6,9 @@ Every module that reads or writes Slurm text calls these; none keeps a copy.
   lists ``0-1,3`` (:func:`parse_index_list`).
 * TRES strings: ``cpu=1,gres/gpu:a100=1,gres/gpu=2`` (:func:`parse_tres`, and
   :func:`gpus_from_tres` for the GPU counts by type; :func:`requested_gpus` for a
-  request, which 22.05 can leave inconsistent).
+  request, which 22.05 can leave inconsistent); the gpu/nvml plugin's gauges in a
+  step's ``TRESUsageIn*``, ``gres/gpuutil=100,gres/gpumem=36266M``
+  (:func:`gpu_use_from_tres`; sizes ``628748K``, ``1.50G`` by :func:`tres_bytes`).
 * GRES strings, one grammar for all of: job_desc's ``gres:gpu:a100:2`` and
   ``gres/gpu:a100=1``, scontrol's ``JOB_GRES=gpu:a100:1`` and node
   ``GRES=gpu:a100:2(IDX:0-1)``, squeue's ``gres_detail``, sinfo's ``%G``
@@ -72,6 +74,7 @@ __all__ = [
     "expand_output_path",
     "format_time",
     "gpu_gres",
+    "gpu_use_from_tres",
     "gpus_from_tres",
     "gres_gpu_indices",
     "gres_gpus",
@@ -92,6 +95,7 @@ __all__ = [
     "routed_comment",
     "split_format_line",
     "time_from_epoch",
+    "tres_bytes",
 ]
 
 
@@ -315,6 +319,37 @@ def requested_gpus(tres: Mapping[str, str] | Mapping[str, int]) -> dict[str, int
     except SlurmTextError:
         typed = {name: count for name, count in tres.items() if name != "gres/gpu"}
         return gpus_from_tres(typed)  # type: ignore[arg-type]
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,2}))?([KMGTP]?)")
+
+
+def tres_bytes(value: str) -> int:
+    """A size as sacct prints usage TRES (``mem=628748K``, ``gres/gpumem=36266M``,
+    ``1.50G``; powers of 1024, no unit = bytes) -> whole bytes, rounded half up."""
+    match = _SIZE.fullmatch(value)
+    if match is None:
+        raise SlurmTextError(f"bad size {value!r}")
+    whole, fraction, unit = match.groups()
+    scale = _SIZE_UNITS[unit]
+    hundredths = int(whole) * 100 + int((fraction or "0").ljust(2, "0"))
+    return (hundredths * scale + 50) // 100
+
+
+def gpu_use_from_tres(tres: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """Slurm's own GPU gauges in one step's ``TRESUsageIn*`` -> (``gres/gpuutil``,
+    ``gres/gpumem`` in bytes), None where the step has none.
+
+    Only the gpu/nvml (or rsmi) plugin fills them (23.02 and later list the TRES unasked;
+    docs/slurm-facts.md §17). ``gpuutil`` is a percentage summed over the step's GPUs
+    (100 per busy GPU, since 24.05) as last sampled -- a gauge, not a time average.
+    """
+    util = tres.get("gres/gpuutil")
+    memory = tres.get("gres/gpumem")
+    if util is not None and not _is_digits(util):
+        raise SlurmTextError(f"bad gres/gpuutil {util!r}")
+    return (int(util) if util is not None else None, tres_bytes(memory) if memory is not None else None)
 
 
 def _tres_count(raw: str | int, name: str) -> int:

@@ -1,7 +1,9 @@
-"""`gpucredit bridge sacct` and `gpucredit bridge reconcile`: finished runs into the ledger.
+"""`gpucredit bridge sacct` and `gpucredit bridge reconcile`: finished runs into the ledger;
+`gpucredit bridge gpu-usage`: Slurm's own GPU gauges beside the agents' (reads only).
 
     gpucredit bridge sacct [--since T] [--follow] [--interval S] [--strict]   ingest finished runs
     gpucredit bridge reconcile [--all] [--since T]                            re-check ingested runs
+    gpucredit bridge gpu-usage --since T [--until T]                         sacct's gres/gpuutil per job
 
 The `bridge` group that holds them, and the meter, is accounting_bridge/cli.py.
 
@@ -19,10 +21,10 @@ from typing import Any
 
 import click
 
-from accounting_bridge.cli_support import clock, injected
+from accounting_bridge.cli_support import clock, injected, slurm_runner
 from ledger.cli_support import emit, engine_for, format_option, ledger_command, parse_time_option
 
-__all__ = ["reconcile_command", "sacct_command"]
+__all__ = ["gpu_usage_command", "reconcile_command", "sacct_command"]
 
 
 # --------------------------------------------------------------------------- context
@@ -236,3 +238,46 @@ def reconcile_command(ctx: click.Context, include_all: bool, since: str | None, 
     _emit_summary(data, fmt, "reconcile " + ("all ingested runs" if include_all else "failed runs"), [])
     if _report_failures(data):
         sys.exit(1)
+
+
+GPU_USAGE_COLUMNS = ["job_id", "gpus", "slurm_gpuutil_percent", "slurm_gpumem_peak_bytes", "agent_efficiency"]
+
+
+@click.command("gpu-usage")
+@click.option("--since", required=True, metavar="TIME", help="Jobs active at or after TIME.")
+@click.option("--until", default=None, metavar="TIME", help="...and before TIME (default: now).")
+@format_option
+@click.pass_context
+@ledger_command
+def gpu_usage_command(ctx: click.Context, since: str, until: str | None, fmt: str) -> None:
+    """Per GPU job: Slurm's gres/gpuutil and gres/gpumem (gpu/nvml) beside the agent's efficiency.
+
+    slurm_gpuutil_percent is the busiest step's last sample per allocated GPU; blank where
+    slurmd does not run the gpu/nvml plugin. agent_efficiency is busy / allocated
+    GPU-seconds of the job's latest run, as `gpucredit report --efficiency` shows it.
+    """
+    from accounting_bridge.slurm.gpu_gauges import gauge_rows, read_step_gauges, step_gauges_argv
+    from ledger import api
+    from ledger.config import load_config
+
+    config = load_config()
+    start = parse_time_option(since, "since")
+    end = parse_time_option(until, "until") or clock(ctx)()
+    assert start is not None
+    if end < start:
+        raise click.UsageError(f"--until ({end}) is before --since ({start})")
+    run_sacct = slurm_runner(ctx, config)
+    jobs = read_step_gauges(run_sacct(step_gauges_argv(start, end, cluster=config["slurm"]["cluster"])))
+    cluster = config["slurm"]["cluster"]
+    runs: list[tuple[int, int, str | None]] = []
+    with _session_factory()() as s:
+        for row in api.efficiency_report(s, by="job", start=start, end=end):
+            row_cluster, job_id, run = row["job"].rsplit("/", 2)
+            if row_cluster == cluster and int(job_id) in jobs:
+                runs.append((int(job_id), int(run), row["efficiency"]))
+    agent = {job_id: efficiency for job_id, _run, efficiency in sorted(runs)}  # the latest run's
+    rows = gauge_rows(jobs, agent)
+    if fmt == "json":
+        emit(rows, fmt)
+    else:
+        emit([{c: row[c] for c in GPU_USAGE_COLUMNS} for row in rows], fmt, GPU_USAGE_COLUMNS)

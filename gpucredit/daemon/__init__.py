@@ -16,6 +16,9 @@ What it runs, all composed in `server.Daemon` (docs/design.md §3.9; `gpucredit 
     Slurm facts       slurm_facts                           partitions' GPU types (sinfo)
     limits keeper     limits_keeper                         Slurm's GPU limits in step with the
                                                             ledger (`limits_sync.in_daemon`)
+    burst keeper      burst_keeper                          cloud partitions held back at submit
+                                                            added once a job has waited
+                                                            (`routing.burst_after_seconds`)
     outage keeper     outage_keeper                         the hooks' price sheet and the
                                                             spool read back (docs/outage.md)
     metrics           metrics                               /metrics on `daemon.metrics_port`

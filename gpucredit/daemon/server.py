@@ -45,6 +45,7 @@ from accounting_bridge.slurm.records import parse_squeue_json
 from accounting_bridge.slurm.slurmcmd import SlurmCommandError, SubprocessRunner
 from gpucredit.daemon import hook_service as service
 from gpucredit.daemon import metrics as daemon_metrics
+from gpucredit.daemon.burst_keeper import BurstKeeper
 from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, ping_when_idle
 from gpucredit.daemon.limits_keeper import LimitsKeeper
 from gpucredit.daemon.outage_keeper import OutageKeeper
@@ -108,12 +109,20 @@ class Daemon:
         warn_at = config["policy"].get("warn_at_used_share")
         self.warn_at_used_share = None if warn_at in (None, False) else parse_share(warn_at)
         self._lock = threading.Lock()
-        self.snapshots = SnapshotKeeper(self.sessions)
+        # With cloud budgets the picture carries their accounts' cloud spend this month.
+        self.snapshots = SnapshotKeeper(self.sessions, budget_scope=self.routing.budget_scope())
         self.quotes = QuoteMemo(self._work_out, lambda: self.slurm_facts.table, _encode)
         # Slurm's own GPU limits and blocks follow the ledger within seconds (docs/limits-sync.md).
         self.limits = (
             LimitsKeeper(self.sessions, self.run, config, clock=limits_clock)
             if config["limits_sync"]["in_daemon"]
+            else None
+        )
+        # Cloud partitions held back at submit are added once a job has waited (burst_keeper.py).
+        cloud = self.routing.cloud_partitions()
+        self.burst = (
+            BurstKeeper(self.run, self.routing.burst_after_seconds, cloud)
+            if self.routing.burst_after_seconds and cloud
             else None
         )
         # Jobs held for credit or a limit: job id -> the hold requests of its parts (None
@@ -451,6 +460,9 @@ class Daemon:
             threading.Thread(
                 target=self.limits.run_forever, args=(stop, release_interval or 2.0), daemon=True
             ).start()
+        if self.burst is not None:  # a quarter of the wait late at most, within 30 s
+            every = min(max(release_interval or 2.0, self.routing.burst_after_seconds / 4), 30.0)
+            threading.Thread(target=self.burst.run_forever, args=(stop, every), daemon=True).start()
         self.agents = _agent_receiver(self.config, self.sessions, owner, stop)
         port = daemon_metrics.metrics_port(self.config)
         stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)

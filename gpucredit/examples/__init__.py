@@ -34,6 +34,8 @@ EXAMPLES: dict[str, str] = {
     "systemd/gpucredit-ood-balance.service": "Open OnDemand's balance file (user gpucredit)",
     "systemd/gpucredit-ood-balance.timer": "... every 5 minutes",
     "systemd/gpucredit-agent.service": "the NVML agent (every GPU node, root)",
+    "systemd/gpucredit-cloud-reconcile.service": "end leaked cloud instances (controller, SlurmUser)",
+    "systemd/gpucredit-cloud-reconcile.timer": "... every 10 minutes",
     "nginx/gpucredit.conf": "the TLS proxy in front of the portal",
     "grafana/gpucredit.json": "the Grafana dashboard",
     "slurm/job_submit.lua": "a site's own job_submit.lua calling gpucredit's (admin guide §2)",

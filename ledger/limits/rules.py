@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
@@ -79,18 +80,51 @@ def capped_usage(s: Session, at: datetime) -> dict[tuple[int, str | None], Usage
     """Usage (see `Usage`) of every account that has a cap of its own or on a member,
     by (account id, user) and for the whole account under (account id, None): what the
     job_submit snapshot sets beside the caps. Four grouped reads, whatever the count."""
-    capped = select(limits_t.c.account_id).distinct().scalar_subquery()
+    return _usage_by_account(s, select(limits_t.c.account_id).distinct().scalar_subquery(), at)
+
+
+def subtree_usage(s: Session, at: datetime) -> dict[tuple[str, str | None], Usage]:
+    """Usage summed over the subtree of each capped account with accounts below it, by
+    (its name, user) and (its name, None): what job_submit's snapshot sets beside a
+    parent's caps, as `check_subtree_limits` reads it under the locks."""
+    capped = capped_parents(s)
+    if not capped:
+        return {}
+    parents = account_parents(s)
+    members = {name: subtree(parents, name) for name in capped}
+    wanted = sorted({m for names in members.values() for m in names})
+    ids = {
+        name: account_id
+        for name, account_id in s.execute(
+            select(accounts_t.c.name, accounts_t.c.id).where(accounts_t.c.name.in_(wanted))
+        )
+    }
+    per_account = _usage_by_account(s, list(ids.values()), at)
+    usage: dict[tuple[str, str | None], Usage] = {}
+    for top, names in members.items():
+        inside = {ids[name] for name in names}
+        for (account_id, who), value in per_account.items():
+            if account_id in inside:
+                usage[(top, who)] = _plus(usage.get((top, who), Usage()), value)
+    return usage
+
+
+def _plus(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        a.gpus + b.gpus,
+        a.rate_ucredits_per_hour + b.rate_ucredits_per_hour,
+        a.held_ucredits + b.held_ucredits,
+        a.spent_today_ucredits + b.spent_today_ucredits,
+    )
+
+
+def _usage_by_account(s: Session, capped: Any, at: datetime) -> dict[tuple[int, str | None], Usage]:
+    """Usage of the accounts `capped` selects (ids, or a subquery of them): four grouped reads."""
     uncharged = holds_t.c.amount_ucredits - holds_t.c.charged_ucredits
     usage: dict[tuple[int, str | None], Usage] = {}
 
     def add(key: tuple[int, str | None], more: Usage) -> None:
-        old = usage.get(key, Usage())
-        usage[key] = Usage(
-            old.gpus + more.gpus,
-            old.rate_ucredits_per_hour + more.rate_ucredits_per_hour,
-            old.held_ucredits + more.held_ucredits,
-            old.spent_today_ucredits + more.spent_today_ucredits,
-        )
+        usage[key] = _plus(usage.get(key, Usage()), more)
 
     holds = s.execute(
         select(
@@ -147,19 +181,23 @@ def check_limits(
         raise breach
 
 
-def capped_ancestors(s: Session, account: str) -> list[str]:
-    """The accounts above `account` with caps of their own, nearest first: a cap set on a
-    parent caps its whole subtree. One cheap read (caps on accounts that have children)
-    where no parent is capped."""
+def capped_parents(s: Session) -> set[str]:
+    """The accounts with caps of their own and accounts below them: one cheap read."""
     parent = accounts_t.alias("parent")
     child = accounts_t.alias("child")
-    capped = set(
+    return set(
         s.execute(
             select(parent.c.name)
             .join(limits_t, limits_t.c.account_id == parent.c.id)
             .where(select(child.c.id).where(child.c.parent_id == parent.c.id).exists())
         ).scalars()
     )
+
+
+def capped_ancestors(s: Session, account: str) -> list[str]:
+    """The accounts above `account` with caps of their own, nearest first: a cap set on a
+    parent caps its whole subtree. One cheap read where no parent is capped."""
+    capped = capped_parents(s)
     if not capped:
         return []
     return [name for name in ancestors(account_parents(s), account) if name in capped]
@@ -186,18 +224,38 @@ def check_subtree_limits(
             daily = caps[who].daily_cap_ucredits is not None
             return Usage(gpus, rate_now, held, spent_on_day(s, ids, who, at) if daily else 0)
 
-        breach = limit_breach(
-            caps,
-            usage,
-            account=f"{name} (with the accounts below it)",
-            user=user,
-            gpu_count=gpu_count,
-            rate=rate,
-            amount=amount,
+        breach = subtree_breach(
+            caps, usage, above=name, user=user, gpu_count=gpu_count, rate=rate, amount=amount
         )
         if breach is not None:
-            breach.details["account"] = name
             raise breach
+
+
+def subtree_breach(
+    caps: Mapping[str | None, Limits],
+    usage: Callable[[str | None], Usage],
+    *,
+    above: str,
+    user: str,
+    gpu_count: int,
+    rate: int,
+    amount: int,
+) -> LimitExceeded | None:
+    """The cap set on `above` that a new hold in an account below it would break, `usage`
+    summed over `above`'s subtree: the one rule behind `check_subtree_limits` and
+    job_submit's estimate (ledger.pricing.snapshot)."""
+    breach = limit_breach(
+        caps,
+        usage,
+        account=f"{above} (with the accounts below it)",
+        user=user,
+        gpu_count=gpu_count,
+        rate=rate,
+        amount=amount,
+    )
+    if breach is not None:
+        breach.details["account"] = above
+    return breach
 
 
 def limit_breach(
@@ -278,14 +336,21 @@ def static_limit_breach(
     gpu_count: int,
     rate_ucredits_per_hour: int,
     cost_ucredits: int,
+    *,
+    above: str | None = None,
 ) -> LimitExceeded | None:
     """A cap that one job breaks on its own, whatever else runs: what job_submit can tell
     before the job exists (the hold checks the rest, with what is running, under the lock).
 
     `caps` are the account's (key None) and the user's (key `user`); `cost_ucredits` is
-    one run's (an array task's) cost.
+    one run's (an array task's) cost. With `above`, the caps are those set on that account
+    above the job's, which cap its whole subtree (`subtree_breach`).
     """
-    for who, scope, subject in ((user, "user", f"user {user}"), (None, "account", "the account")):
+    where = f"{above} (with the accounts below it)"
+    subjects = (
+        (f"user {user} in account {where}", f"account {where}") if above else (f"user {user}", "the account")
+    )
+    for who, scope, subject in ((user, "user", subjects[0]), (None, "account", subjects[1])):
         limits = caps.get(who) or Limits()
         if limits.max_gpus is not None and gpu_count > limits.max_gpus:
             return LimitExceeded(

@@ -7,6 +7,8 @@
                Estimate)
     routing    on-premise or cloud partitions under a cost limit (route, RoutingConfig,
                CostLimit, PartitionOption, Route)
+    cloud_budget  an account's cloud spend this month against its monthly cloud budget
+               (cloud_spend, cloud_budget_breach, CloudSpend, CloudBudgetScope)
     snapshot   the in-memory picture job_submit is answered from (Snapshot,
                SnapshotKeeper)
 

@@ -7,7 +7,7 @@ where the prices, the available credit and the caps come from differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from ledger.books.accounts import read_account
 from ledger.books.balance import available_credit
 from ledger.books.pools import NO_ROOM, Room, room_for
-from ledger.errors import LimitExceeded
+from ledger.errors import LedgerError, LimitExceeded
 from ledger.limits.caps import Limits
 from ledger.limits.rules import Usage, limit_breach, static_limit_breach
 from ledger.money import charge_for, format_credits, format_rate
@@ -144,21 +144,54 @@ def quote(
 ) -> dict[str, Any]:
     """Cost of `tasks` runs of a job spec (an array is estimated per task). Reserves nothing."""
     at = at or utcnow()
-    gpu_map = parse_gpus(gpus)
-    seconds = parse_seconds(seconds, field="seconds")
-    prices = prices_for_job(s, gpu_map, partition, at)
+    found = estimates_in(
+        s, account, parse_gpus(gpus), parse_seconds(seconds, field="seconds"), [partition], at=at, tasks=tasks
+    )[partition]
+    if isinstance(found, LedgerError):
+        raise found
+    return found.as_dict()
+
+
+def estimates_in(
+    s: Session,
+    account: str,
+    gpus: Mapping[str, int],
+    seconds: int,
+    partitions: Sequence[str | None],
+    *,
+    at: datetime,
+    tasks: int = 1,
+) -> dict[str | None, Estimate | LedgerError]:
+    """The job's estimate in each partition, from the database, the account's credit read
+    once; a partition with no price for these GPUs gets that error instead (raised when
+    no partition has one)."""
+    priced: dict[str | None, PriceTable | LedgerError] = {}
+    for partition in partitions:
+        try:
+            priced[partition] = prices_for_job(s, gpus, partition, at)
+        except LedgerError as error:
+            priced[partition] = error
+    unpriced = [found for found in priced.values() if isinstance(found, LedgerError)]
+    if len(unpriced) == len(priced):
+        raise unpriced[0]  # the GPUs' fault, whatever the account
     # A quote reserves nothing, so it reads without the account lock: an answer a few
     # milliseconds stale is fine, and job_submit must never queue behind a hold.
     acct = read_account(s, account)
     available = available_credit(s, at, [acct.id])[acct.id]
-    return estimate(
-        prices,
-        account,
-        gpu_map,
-        seconds,
-        partition=partition,
-        at=at,
-        tasks=tasks,
-        available_ucredits=available,
-        pool=room_for(s, account, at),
-    ).as_dict()
+    pool = room_for(s, account, at)
+    return {
+        partition: prices
+        if isinstance(prices, LedgerError)
+        else estimate(
+            prices,
+            account,
+            gpus,
+            seconds,
+            partition=partition,
+            at=at,
+            tasks=tasks,
+            available_ucredits=available,
+            pool=pool,
+        )
+        for partition, prices in priced.items()
+    }

@@ -15,12 +15,23 @@ here: a hold, a quote and the bridge then all read one versioned price.
 
 Each candidate partition gets the first verdict that matches:
 
-    site permitted?  one run <= limit?  no cap broken?  affordable?  verdict
-    no                                                                cloud_not_allowed
-    yes              no                                               over_limit
-    yes              yes                no                            over_cap
-    yes              yes                yes             no            over_credit
-    yes              yes                yes             yes           allowed
+    site permitted?  one run <= limit?  within cloud budget?  no cap broken?  affordable?  verdict
+    no                                                                                  cloud_not_allowed
+    yes              no                                                                 over_limit
+    yes              yes                no                                              over_cloud_budget
+    yes              yes                yes                   no                        over_cap
+    yes              yes                yes                   yes             no        over_credit
+    yes              yes                yes                   yes             yes       allowed
+
+"Within cloud budget" asks only of a cloud partition of an account with a monthly
+`cloud_budget`: the month's cloud spend (ledger.pricing.cloud_budget: charged, net of
+refunds, plus open cloud holds) plus this job's quote there (every task) must not pass
+the budget; exactly the budget fits. An on-premise partition always is.
+
+A site may hold cloud partitions back (`[routing] burst_after_seconds`): a job allowed
+both on-premise and cloud partitions, that did not name its partitions itself, is given
+the on-premise ones at submit and the cloud ones once it has waited that long
+(`Route.burst_plan`; the daemon adds them). Its quote is still the dearest allowed run.
 
 A cloud partition is permitted when the job allows cloud or names its partitions itself
 (`-p` is the user's own choice). The job may run in the allowed partitions and is quoted
@@ -36,8 +47,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.errors import InvalidInput
+from ledger.errors import InvalidInput, LimitExceeded
 from ledger.money import parse_credits
+from ledger.pricing.cloud_budget import CloudBudgetScope, CloudSpend, cloud_budget_breach
 from ledger.pricing.quotes import Estimate
 
 __all__ = [
@@ -46,6 +58,7 @@ __all__ = [
     "CLOUD_NOT_ALLOWED",
     "ONPREM",
     "OVER_CAP",
+    "OVER_CLOUD_BUDGET",
     "OVER_CREDIT",
     "OVER_LIMIT",
     "CostLimit",
@@ -63,9 +76,15 @@ SITES = (ONPREM, CLOUD)
 ALLOWED = "allowed"
 CLOUD_NOT_ALLOWED = "cloud_not_allowed"
 OVER_LIMIT = "over_limit"
+OVER_CLOUD_BUDGET = "over_cloud_budget"
 OVER_CAP = "over_cap"
 OVER_CREDIT = "over_credit"
-_STAGES = (CLOUD_NOT_ALLOWED, OVER_LIMIT, OVER_CAP, OVER_CREDIT, ALLOWED)  # the table's order
+# the table's order
+_STAGES = (CLOUD_NOT_ALLOWED, OVER_LIMIT, OVER_CLOUD_BUDGET, OVER_CAP, OVER_CREDIT, ALLOWED)
+
+# What `[routing.accounts.NAME]` may set, and `[routing]` itself.
+ACCOUNT_KEYS = frozenset({"max_cost", "cloud", "cloud_budget"})
+ROUTING_KEYS = frozenset({"accounts", "burst_after_seconds"})
 
 # Where a limit came from, for the message.
 FROM_JOB = "job"
@@ -75,24 +94,28 @@ FROM_ACCOUNT = "account"
 @dataclass(frozen=True)
 class CostLimit:
     """What a job may cost per run (None: no limit) and whether gpucredit may add cloud
-    partitions; `max_cost_from` says who set the limit (FROM_JOB or FROM_ACCOUNT)."""
+    partitions; `max_cost_from` says who set the limit (FROM_JOB or FROM_ACCOUNT);
+    `cloud_budget_ucredits` is the account's monthly cloud budget (None: none)."""
 
     max_cost_ucredits: int | None = None
     allow_cloud: bool = False
     max_cost_from: str = FROM_JOB
+    cloud_budget_ucredits: int | None = None
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    """Partition sites and accounts' default limits, read once from the config."""
+    """Partition sites, accounts' default limits and how long a job waits on-premise
+    before its cloud partitions are added (0: none held back), read once from the config."""
 
     sites: Mapping[str, str]
     account_defaults: Mapping[str, CostLimit]
+    burst_after_seconds: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RoutingConfig:
-        """`[partitions.NAME] site` and `[routing.accounts.NAME] max_cost, cloud`; a bad
-        value raises InvalidInput naming the key."""
+        """`[partitions.NAME] site` and `[routing.accounts.NAME] max_cost, cloud,
+        cloud_budget`; a bad value raises InvalidInput naming the key."""
         sites: dict[str, str] = {}
         for name, table in dict(config.get("partitions") or {}).items():
             site = dict(table or {}).get("site", ONPREM)
@@ -103,10 +126,29 @@ class RoutingConfig:
                 )
             sites[str(name)] = site
         defaults: dict[str, CostLimit] = {}
-        accounts = dict(dict(config.get("routing") or {}).get("accounts") or {})
+        routing = dict(config.get("routing") or {})
+        unknown = sorted(set(routing) - ROUTING_KEYS)
+        if unknown:
+            raise InvalidInput(
+                f"routing.{unknown[0]} is not a routing setting (known: {', '.join(sorted(ROUTING_KEYS))})",
+                code="invalid_config",
+            )
+        burst_after = routing.get("burst_after_seconds", 0)
+        if isinstance(burst_after, bool) or not isinstance(burst_after, int) or burst_after < 0:
+            raise InvalidInput(
+                f"routing.burst_after_seconds must be whole seconds, 0 or more, not {burst_after!r}",
+                code="invalid_config",
+            )
+        accounts = dict(routing.get("accounts") or {})
         for account, table in accounts.items():
             table = dict(table or {})
-            max_cost = table.get("max_cost")
+            unknown = sorted(set(table) - ACCOUNT_KEYS)
+            if unknown:  # a misspelt budget must not pass silently as "no budget"
+                raise InvalidInput(
+                    f"routing.accounts.{account}.{unknown[0]} is not a routing setting "
+                    f"(known: {', '.join(sorted(ACCOUNT_KEYS))})",
+                    code="invalid_config",
+                )
             cloud = table.get("cloud", False)
             if not isinstance(cloud, bool):
                 raise InvalidInput(
@@ -114,20 +156,39 @@ class RoutingConfig:
                     code="invalid_config",
                 )
             defaults[str(account)] = CostLimit(
-                None
-                if max_cost is None
-                else parse_credits(max_cost, field=f"routing.accounts.{account}.max_cost"),
+                _credits_or_none(table, "max_cost", account),
                 cloud,
                 FROM_ACCOUNT,
+                _credits_or_none(table, "cloud_budget", account, allow_zero=True),  # "0": no cloud
             )
-        return cls(sites, defaults)
+        return cls(sites, defaults, burst_after)
+
+    def cloud_partitions(self) -> frozenset[str]:
+        return frozenset(name for name, site in self.sites.items() if site == CLOUD)
+
+    def budget_scope(self) -> CloudBudgetScope | None:
+        """The cloud partitions and the accounts with a cloud budget, for the snapshot to
+        read the month's spend of; None when no account has one."""
+        budgeted = frozenset(
+            a for a, d in self.account_defaults.items() if d.cloud_budget_ucredits is not None
+        )
+        if not budgeted:
+            return None
+        return CloudBudgetScope(self.cloud_partitions(), budgeted)
+
+    def names_cloud(self, partitions: Sequence[str]) -> bool:
+        return any(self.site(name) == CLOUD for name in partitions)
 
     def site(self, partition: str | None) -> str:
         return self.sites.get(partition or "", ONPREM)
 
-    def limit_for(self, account: str, max_cost: str | None, cloud: bool | None) -> CostLimit | None:
+    def limit_for(
+        self, account: str, max_cost: str | None, cloud: bool | None, *, names_cloud: bool = False
+    ) -> CostLimit | None:
         """The job's own `max_cost` (credits) and `cloud`, each else the account's default;
-        None when the job neither has a limit nor may go to the cloud (no routing)."""
+        None when the job neither has a limit nor may go to the cloud (no routing). A job
+        that names a cloud partition itself (`names_cloud`, `-p cloud`) of an account with
+        a cloud budget is routed too: the budget binds whoever chose the cloud."""
         default = self.account_defaults.get(account)
         if default is None:
             if max_cost is None and not cloud:  # every quote of a site without routing
@@ -137,10 +198,20 @@ class RoutingConfig:
             default.max_cost_ucredits if max_cost is None else parse_credits(max_cost, field="max_cost"),
             default.allow_cloud if cloud is None else cloud,
             default.max_cost_from if max_cost is None else FROM_JOB,
+            default.cloud_budget_ucredits,
         )
-        if limit.max_cost_ucredits is None and not limit.allow_cloud:
+        budget_binds = names_cloud and limit.cloud_budget_ucredits is not None
+        if limit.max_cost_ucredits is None and not limit.allow_cloud and not budget_binds:
             return None
         return limit
+
+
+def _credits_or_none(
+    table: Mapping[str, Any], key: str, account: str, *, allow_zero: bool = False
+) -> int | None:
+    value = table.get(key)
+    field = f"routing.accounts.{account}.{key}"
+    return None if value is None else parse_credits(value, field=field, allow_zero=allow_zero)
 
 
 def candidate_partitions(
@@ -171,6 +242,7 @@ class Route:
     limit: CostLimit
     options: tuple[PartitionOption, ...]
     verdicts: tuple[str, ...]
+    cloud_spend: CloudSpend | None = None  # the account's this month, when it has a budget
 
     @property
     def allowed(self) -> tuple[PartitionOption, ...]:
@@ -207,29 +279,66 @@ class Route:
     def verdict(self, option: PartitionOption) -> str:
         return self.verdicts[self.options.index(option)]
 
+    def burst_plan(self, wait_seconds: int, *, eligible: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the partitions to give the job now, the cloud ones to add once it has waited
+        `wait_seconds`). Nothing is held back when the site holds nothing back, when
+        the job is not `eligible` (it named its partitions itself: `-p` is the user's own
+        choice), or unless both an on-premise and a cloud partition are allowed."""
+        now = tuple(o.partition for o in self.allowed if o.site == ONPREM and o.partition is not None)
+        later = tuple(o.partition for o in self.allowed if o.site == CLOUD and o.partition is not None)
+        if wait_seconds <= 0 or not eligible or not now or not later:
+            return self.partitions, ()
+        return now, later
 
-def route(options: Sequence[PartitionOption], *, limit: CostLimit, cloud_permitted: bool) -> Route:
+    def budget_breach(self, option: PartitionOption) -> LimitExceeded | None:
+        """Why running `option` would pass the account's cloud budget (None: it would not)."""
+        return _budget_breach(option, self.limit, self.cloud_spend)
+
+
+def route(
+    options: Sequence[PartitionOption],
+    *,
+    limit: CostLimit,
+    cloud_permitted: bool,
+    cloud_spend: CloudSpend | None = None,
+) -> Route:
     """Give each option its verdict (see the module's table); `cloud_permitted` is the job's
-    permission for cloud partitions (it allows cloud, or named its partitions itself)."""
+    permission for cloud partitions (it allows cloud, or named its partitions itself);
+    `cloud_spend` the account's cloud spend this month, needed when it has a budget."""
     if not options:
         raise ValueError("route() needs at least one partition option")
+    if limit.cloud_budget_ucredits is not None and cloud_spend is None:
+        raise ValueError("route() needs the month's cloud spend of an account with a cloud budget")
     ordered = tuple(
         sorted(
             options,
             key=lambda o: (SITES.index(o.site), o.estimate.cost_per_task_ucredits, o.partition or ""),
         )
     )
-    return Route(limit, ordered, tuple(_verdict(o, limit, cloud_permitted) for o in ordered))
+    verdicts = tuple(_verdict(o, limit, cloud_permitted, cloud_spend) for o in ordered)
+    return Route(limit, ordered, verdicts, cloud_spend)
 
 
-def _verdict(option: PartitionOption, limit: CostLimit, cloud_permitted: bool) -> str:
+def _verdict(
+    option: PartitionOption, limit: CostLimit, cloud_permitted: bool, cloud_spend: CloudSpend | None
+) -> str:
     estimate = option.estimate
     if option.site == CLOUD and not cloud_permitted:
         return CLOUD_NOT_ALLOWED
     if limit.max_cost_ucredits is not None and estimate.cost_per_task_ucredits > limit.max_cost_ucredits:
         return OVER_LIMIT
+    if _budget_breach(option, limit, cloud_spend) is not None:
+        return OVER_CLOUD_BUDGET
     if estimate.limit_breach is not None:
         return OVER_CAP
     if not estimate.affordable:
         return OVER_CREDIT
     return ALLOWED
+
+
+def _budget_breach(
+    option: PartitionOption, limit: CostLimit, cloud_spend: CloudSpend | None
+) -> LimitExceeded | None:
+    if option.site != CLOUD or limit.cloud_budget_ucredits is None or cloud_spend is None:
+        return None
+    return cloud_budget_breach(cloud_spend, limit.cloud_budget_ucredits, option.estimate.cost_ucredits)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,10 +25,18 @@ from sqlalchemy.exc import SQLAlchemyError
 from ledger.books.balance import available_credit
 from ledger.books.credit_use import CreditUse, credit_in_force
 from ledger.books.pools import Room, pool_rooms, pool_settings, pool_uses
-from ledger.books.tree import account_parents
+from ledger.books.tree import account_parents, ancestors
 from ledger.errors import NotFound
 from ledger.limits.caps import Limits
-from ledger.limits.rules import Usage, capped_usage
+from ledger.limits.rules import (
+    Usage,
+    capped_parents,
+    capped_usage,
+    static_limit_breach,
+    subtree_breach,
+    subtree_usage,
+)
+from ledger.pricing.cloud_budget import CloudBudgetScope, CloudSpend, cloud_spend, month_of
 from ledger.pricing.prices import PriceTable, load_price_table
 from ledger.pricing.quotes import Estimate, estimate
 from ledger.store.tables import accounts_t, entries_t, limits_t, pools_t, prices_t
@@ -53,6 +61,21 @@ class Snapshot:
     # (account, user or None) -> what runs there now, for accounts with a cap (ledger.limits.rules)
     usage: Mapping[tuple[str, str | None], Usage] = field(default_factory=dict)
     pools: Mapping[str, Room] = field(default_factory=dict)  # account -> what pools lend it now
+    # account -> the accounts above it with caps, nearest first (a parent's cap caps its subtree)
+    capped_above: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # (capped parent, user or None) -> what runs in its whole subtree now
+    subtree_usage: Mapping[tuple[str, str | None], Usage] = field(default_factory=dict)
+    # budgeted account -> its cloud spend in `cloud_month` (YYYY-MM; None: not read, no
+    # account has a cloud budget) (ledger.pricing.cloud_budget)
+    cloud_month: str | None = None
+    cloud_spends: Mapping[str, CloudSpend] = field(default_factory=dict)
+
+    def cloud_spend(self, account: str) -> CloudSpend:
+        """`account`'s cloud spend this month as of the picture; LookupError when the
+        picture read none (taken without a budget scope): never a free zero."""
+        if self.cloud_month is None:
+            raise LookupError("this snapshot read no cloud spend (no cloud budget in its scope)")
+        return self.cloud_spends.get(account) or CloudSpend(account, self.cloud_month)
 
     def credit_use(self, account: str) -> CreditUse:
         """How much of `account`'s current credit is used (ledger.books.credit_use)."""
@@ -70,9 +93,49 @@ class Snapshot:
         tasks: int = 1,
     ) -> Estimate:
         """What the job costs, what `account` has, a cap the job breaks on its own, and
-        one it breaks beside what runs now (as of the picture: the prolog decides)."""
+        one it breaks beside what runs now (as of the picture: the prolog decides), the
+        account's own caps first, then those of the accounts above it, as the hold."""
         if account not in self.available_ucredits:
             raise NotFound(f"account {account!r} does not exist", details={"account": account})
+        found = self._estimate(account, gpus, seconds, user=user, partition=partition, at=at, tasks=tasks)
+        if found.limit_breach is not None or found.limit_wait is not None:
+            return found
+        gpu_count, rate, per_task = (
+            sum(gpus.values()),
+            found.rate_ucredits_per_hour,
+            found.cost_per_task_ucredits,
+        )
+        for above in self.capped_above.get(account, ()):
+            caps = {
+                None: self.limits.get((above, None), Limits()),
+                user: self.limits.get((above, user), Limits()),
+            }
+            alone = static_limit_breach(caps, user, gpu_count, rate, per_task, above=above)
+            if alone is not None:
+                alone.details["account"] = above
+                return replace(found, limit_breach=alone)
+
+            def usage(who: str | None, above: str = above) -> Usage:
+                return self.subtree_usage.get((above, who), _IDLE)
+
+            wait = subtree_breach(
+                caps, usage, above=above, user=user, gpu_count=gpu_count, rate=rate, amount=per_task
+            )
+            if wait is not None:
+                return replace(found, limit_wait=wait)
+        return found
+
+    def _estimate(
+        self,
+        account: str,
+        gpus: Mapping[str, int],
+        seconds: int,
+        *,
+        user: str,
+        partition: str | None,
+        at: datetime,
+        tasks: int,
+    ) -> Estimate:
         caps = {
             None: self.limits.get((account, None), Limits()),
             user: self.limits.get((account, user), Limits()),
@@ -96,8 +159,10 @@ class Snapshot:
         """Until when a quote from this picture is the quote it gives at any later moment:
         the next price version taking effect, or the picture going stale
         (SnapshotKeeper.stale), whichever is first. Nothing else a quote reads moves with
-        the clock."""
+        the clock, but the month a cloud budget counts from."""
         stale = self.taken_at + timedelta(seconds=STALE_AFTER_SECONDS)
+        if self.cloud_month is not None:
+            stale = min(stale, month_of(self.taken_at)[2])
         change = self.prices.next_change_after(self.taken_at)
         return stale if change is None else min(change, stale)
 
@@ -123,8 +188,11 @@ def change_marker(s: Any) -> tuple[Any, ...]:
     )
 
 
-def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
-    """Aggregate reads, no locks: prices, caps, and free active credit less debt."""
+def take_snapshot(
+    session_factory: Callable[[], Any], budget_scope: CloudBudgetScope | None = None
+) -> Snapshot:
+    """Aggregate reads, no locks: prices, caps, and free active credit less debt; with a
+    `budget_scope`, the budgeted accounts' cloud spend this month too."""
     now = utcnow()
     with session_factory() as s:
         marker = change_marker(s)
@@ -150,8 +218,21 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
         }
         prices = load_price_table(s)
         by_name = {names[i]: credit for i, credit in available.items() if i in names}
+        parents = account_parents(s)
         pools = pool_settings(s)
-        rooms = pool_rooms(account_parents(s), pools, by_name, pool_uses(s)) if pools else {}
+        rooms = pool_rooms(parents, pools, by_name, pool_uses(s)) if pools else {}
+        capped = capped_parents(s)
+        capped_above = {
+            name: above
+            for name in parents
+            if capped and (above := tuple(a for a in ancestors(parents, name) if a in capped))
+        }
+        below_capped = subtree_usage(s, now) if capped else {}
+        spends = (
+            cloud_spend(s, cloud_partitions=budget_scope.partitions, accounts=budget_scope.accounts, at=now)
+            if budget_scope is not None
+            else {}
+        )
     return Snapshot(
         taken_at=now,
         marker=marker,
@@ -161,15 +242,26 @@ def take_snapshot(session_factory: Callable[[], Any]) -> Snapshot:
         credit_ucredits={names[i]: total for i, total in granted.items() if i in names},
         usage=usage,
         pools=rooms,
+        capped_above=capped_above,
+        subtree_usage=below_capped,
+        cloud_month=None if budget_scope is None else month_of(now)[0],
+        cloud_spends=spends,
     )
 
 
 class SnapshotKeeper:
     """Holds the latest Snapshot; a background thread replaces it every max_age_seconds."""
 
-    def __init__(self, session_factory: Callable[[], Any], max_age_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        session_factory: Callable[[], Any],
+        max_age_seconds: float = 1.0,
+        *,
+        budget_scope: CloudBudgetScope | None = None,
+    ) -> None:
         self.session_factory = session_factory
         self.max_age_seconds = max_age_seconds
+        self.budget_scope = budget_scope
         self._current: Snapshot | None = None
         self._lock = threading.Lock()
 
@@ -178,12 +270,12 @@ class SnapshotKeeper:
         if snapshot is None:
             with self._lock:
                 if self._current is None:
-                    self._current = take_snapshot(self.session_factory)
+                    self._current = take_snapshot(self.session_factory, self.budget_scope)
                 snapshot = self._current
         return snapshot
 
     def refresh(self) -> None:
-        self._current = take_snapshot(self.session_factory)
+        self._current = take_snapshot(self.session_factory, self.budget_scope)
 
     def refresh_if_changed(self) -> bool:
         """Refresh now if the ledger changed since the picture was taken; True when refreshed.
@@ -193,7 +285,8 @@ class SnapshotKeeper:
         current = self._current
         with self.session_factory() as s:
             marker = change_marker(s)
-        if current is not None and current.marker == marker:
+        new_month = current is not None and current.cloud_month not in (None, month_of(utcnow())[0])
+        if current is not None and current.marker == marker and not new_month:
             return False
         with self._lock:
             self.refresh()

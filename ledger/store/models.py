@@ -496,6 +496,17 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class SpentCredential(Base):
+    """A MUNGE credential the portal accepted, remembered (the SHA-256 of what it
+    carried) until it has expired, so that a copy of it is refused by every portal
+    worker and after a restart; munged's own replay cache is one host's, in memory."""
+
+    __tablename__ = "spent_credentials"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    keep_until: Mapped[Timestamp] = mapped_column(index=True)
+
+
 class Payment(Base):
     """Credit bought but not yet spendable: an invoice or a checkout session. Paying it
     creates the top-up grant, in the same transaction that marks it paid."""

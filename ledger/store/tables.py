@@ -21,6 +21,7 @@ inside the ledger: other packages read and change money through `ledger.api`
     gpu_usage_t       what NVML measured per run, node and GPU type
     portal_users_t    portal logins
     tokens_t          API tokens (their hashes)
+    spent_credentials_t  MUNGE credentials the portal accepted, until they expire
     payments_t        credit bought, pending until paid
     payment_events_t  each payment provider event, once
     pools_t           parents sharing their credit with their children
@@ -50,6 +51,7 @@ from ledger.store.models import (
     PortalUser,
     Posting,
     Price,
+    SpentCredential,
     table_of,
 )
 
@@ -69,6 +71,7 @@ cursors_t = table_of(Cursor)
 gpu_usage_t = table_of(GpuUsage)
 portal_users_t = table_of(PortalUser)
 tokens_t = table_of(ApiToken)
+spent_credentials_t = table_of(SpentCredential)
 payments_t = table_of(Payment)
 payment_events_t = table_of(PaymentEvent)
 pools_t = table_of(Pool)

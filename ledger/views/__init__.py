@@ -11,4 +11,6 @@ holds without a lock. Nothing here moves money.
     fairness_inputs  what fairshare is computed from (fairness_inputs)
     enforcement      the GPU caps and blocks Slurm enforces on its own (enforcement)
     charge_counter   /metrics' running sums of charges (ChargeCounter)
+    cloud_report     a month's cloud instance cost beside the credits charged to the jobs
+                     on them, boot and idle as the site's overhead (cloud_report)
 """

@@ -9,6 +9,7 @@ posted a running job's time or not.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from ledger.store.tables import accounts_t, entries_t, holds_t, postings_t
 from ledger.timeutil import utcnow
 
 GROUPS = ("day", "gres", "user", "partition", "account")
+PARTITION_ACCOUNT = "partition_account"  # charge_groups only: keys of (partition, account)
 
 
 def split_by_weights(amount: int, weights: dict[str, int]) -> dict[str, int]:
@@ -66,6 +68,34 @@ def usage_report(
             if account not in parents:
                 raise NotFound(f"account {account!r} does not exist", details={"account": account})
             accounts = set(subtree_of(parents, account))
+    groups = charge_groups(s, by=by, accounts=accounts, user=user, start=start, end=end, at=at or utcnow())
+    return [
+        {
+            by: key,
+            "charged": format_credits(g["charged"]),
+            "gpu_seconds": g["gpu_seconds"],
+            "jobs": len(g["holds"]),
+        }
+        for key, g in sorted(groups.items())
+    ]
+
+
+def charge_groups(
+    s: Session,
+    *,
+    by: str,
+    start: datetime | None,
+    end: datetime | None,
+    at: datetime,
+    accounts: set[str] | None = None,
+    user: str | None = None,
+    keep: Callable[[int, str | None], bool] | None = None,
+) -> dict[Any, dict[str, Any]]:
+    """usage_report's figures before formatting: key -> charged (micro-credits),
+    gpu_seconds and the set of holds. `by` is one of GROUPS or PARTITION_ACCOUNT (a key
+    of (partition, account)); `keep(hold_id, partition)`, when given, keeps only the
+    charges of the holds it accepts (a charge of no hold, a direct consumption, is left
+    out): the cloud report's jobs on cloud nodes."""
     query = (
         select(
             entries_t.c.effective_at,
@@ -92,8 +122,12 @@ def usage_report(
         query = query.where(entries_t.c.effective_at >= start)
     if end is not None:
         query = query.where(entries_t.c.effective_at < end)
-    groups: dict[str, dict[str, Any]] = {}
+    if keep is not None:
+        query = query.where(entries_t.c.hold_id.is_not(None))
+    groups: dict[Any, dict[str, Any]] = {}
     for row in s.execute(query.order_by(entries_t.c.id)):
+        if keep is not None and not keep(row.hold_id, row.partition):
+            continue
         memo = json.loads(row.memo) if row.memo else {}
         delta_seconds = int(memo.get("delta_seconds", 0))
         gpus = parse_pairs(row.gpus) if row.gpus else {}
@@ -106,21 +140,13 @@ def usage_report(
             continue
         key = _group_key(row, by)
         _add(groups, key, row.amount_ucredits, sum(gpus.values()) * delta_seconds, row.hold_id)
-    _add_running(s, groups, by, accounts=accounts, user=user, start=start, end=end, at=at or utcnow())
-    return [
-        {
-            by: key,
-            "charged": format_credits(g["charged"]),
-            "gpu_seconds": g["gpu_seconds"],
-            "jobs": len(g["holds"]),
-        }
-        for key, g in sorted(groups.items())
-    ]
+    _add_running(s, groups, by, accounts=accounts, user=user, start=start, end=end, at=at, keep=keep)
+    return groups
 
 
 def _add_running(
     s: Session,
-    groups: dict[str, dict[str, Any]],
+    groups: dict[Any, dict[str, Any]],
     by: str,
     *,
     accounts: set[str] | None,
@@ -128,11 +154,14 @@ def _add_running(
     start: datetime | None,
     end: datetime | None,
     at: datetime,
+    keep: Callable[[int, str | None], bool] | None,
 ) -> None:
     """Add running jobs' unposted cost, piece by piece, as posted charges are added."""
     cuts = [t for t in (start, end) if t is not None]
     for accrual in accruals(s, at, user=user):
         if accounts is not None and accrual.account not in accounts:
+            continue
+        if keep is not None and not keep(accrual.hold_id, accrual.partition):
             continue
         gpus = parse_pairs(accrual.gpus) if accrual.gpus else {}
         for piece in accrual.pieces(cuts):
@@ -152,11 +181,14 @@ def _add_running(
                 "user": accrual.user,
                 "partition": accrual.partition or "-",
                 "account": accrual.account,
+                PARTITION_ACCOUNT: (accrual.partition or "-", accrual.account),
             }[by]
             _add(groups, key, piece.ucredits, accrual.gpu_count * piece.seconds, accrual.hold_id)
 
 
-def _group_key(row: Any, by: str) -> str:
+def _group_key(row: Any, by: str) -> Any:
+    if by == PARTITION_ACCOUNT:
+        return (str(row.partition or "-"), str(row.account))
     if by == "day":
         return str(row.effective_at.strftime("%Y-%m-%d"))
     if by == "user":
@@ -167,7 +199,7 @@ def _group_key(row: Any, by: str) -> str:
 
 
 def _add(
-    groups: dict[str, dict[str, Any]], key: str, amount: int, gpu_seconds: int, hold_id: int | None
+    groups: dict[Any, dict[str, Any]], key: Any, amount: int, gpu_seconds: int, hold_id: int | None
 ) -> None:
     g = groups.setdefault(key, {"charged": 0, "gpu_seconds": 0, "holds": set()})
     g["charged"] += amount

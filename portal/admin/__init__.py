@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from flask import Flask
 
-from portal.admin import accounts, manage, site
+from portal.admin import accounts, cloud, manage, site
 from portal.admin.blueprints import admin_bp, manage_bp
 
 __all__ = ["init_app"]
 
-VIEWS = (accounts, manage, site)  # imported for their routes
+VIEWS = (accounts, cloud, manage, site)  # imported for their routes
 
 
 def init_app(app: Flask) -> None:

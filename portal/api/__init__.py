@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flask import Flask, Response
 
-from portal.api import accounts, holds, prices, transfers  # noqa: F401  (each declares its routes)
+from portal.api import accounts, holds, jobs, prices, transfers  # noqa: F401  (each declares its routes)
 from portal.api.registry import bp
 from portal.security import api_limit, csrf, limiter
 

@@ -37,6 +37,9 @@ bp = Blueprint("api", __name__)
 PATH_PARAMETERS: dict[str, tuple[Schema, str]] = {
     "account": (NAME, "string"),
     "hold_id": (ID, f"int(min=1, max={MAX_ID})"),
+    # any whole number: the view answers 404 outside Slurm's ids (a bounded converter made a
+    # DELETE of an id out of its range a 405)
+    "job_id": ({"type": "integer", "minimum": 1, "maximum": 4294967293}, "int"),
     "gres": (GRES, "string"),
 }
 IDEMPOTENCY_KEY: Schema = {"type": "string", "minLength": 1, "maxLength": 256}
@@ -50,7 +53,8 @@ PAGE_QUERY: dict[str, Schema] = {
 }
 ERROR_CODES = {
     400: "Bad request.",
-    401: "No valid bearer token (`unauthenticated`): missing, unknown, expired or revoked.",
+    401: "No valid bearer token (`unauthenticated`): missing, unknown, expired or revoked; or a MUNGE "
+    "credential refused (expired, replayed, root, made for another request, or MUNGE off).",
     402: "Not enough credit (`insufficient_credits`); details say what was needed and what is available.",
     403: "The token's role may not do this (`forbidden`).",
     404: "No such account, hold or resource, or one this token may not see (`not_found`).",
@@ -118,7 +122,7 @@ class Operation:
             found |= {401, 403, 429}
         if self.idempotency:
             found.add(409)
-        if "{hold_id}" in self.path or "{account}" in self.path:
+        if any(name in self.path for name in ("{hold_id}", "{account}", "{job_id}")):
             found.add(404)
         return sorted(found)
 
@@ -254,9 +258,18 @@ def openapi_document(app: Flask) -> Schema:
         "paths": paths,
         "components": {
             "schemas": COMPONENTS,
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer"},
+                "mungeAuth": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "Authorization",
+                    "description": "MUNGE <credential>, made for this one request (where "
+                    "portal.munge_auth is on; docs/api.md, From a login node)",
+                },
+            },
         },
-        "security": [{"bearerAuth": []}],
+        "security": [{"bearerAuth": []}, {"mungeAuth": []}],
     }
 
 
@@ -265,7 +278,7 @@ def _prepare(operation: Operation) -> Call:
     who = None
     if operation.roles:
         who = principal()
-        if who.via != "token":
+        if who.via not in ("token", "munge"):
             raise Unauthenticated("the API takes a bearer token: Authorization: Bearer gpc_...")
         if who.role not in operation.roles:
             raise Forbidden(

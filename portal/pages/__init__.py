@@ -1,5 +1,7 @@
 """The pages a researcher or PI uses: their accounts and how to charge them, an
-account's dashboard, its jobs, usage and GPU efficiency, and a quote calculator.
+account's dashboard, its jobs, usage and GPU efficiency, and a quote calculator; and the
+Slurm jobs a user submits from here (New job, My jobs, a job's page: portal.jobs.service,
+the API's rules).
 
 Server-rendered HTML that reads without JavaScript. Every figure comes from
 `ledger.api` and sits in a tag with a `data-testid`, so tests and the browser test
@@ -16,7 +18,19 @@ bp = Blueprint("pages", __name__)
 
 def init_app(app: Flask) -> None:
     # The view modules attach their routes to `bp` when imported, before it is registered.
-    from portal.pages import home, jobs, nav, quote, usage  # noqa: F401
+    from portal.pages import home, job_list, job_page, job_submit, jobs, nav, quote, usage  # noqa: F401
 
     app.register_blueprint(bp)
     app.context_processor(nav.nav_links)
+    app.context_processor(lambda: {"verdict_words": VERDICT_WORDS})
+
+
+# A routed job's partition verdicts (ledger/pricing/routing.py), in sbatch's words.
+VERDICT_WORDS = {
+    "allowed": "allowed",
+    "cloud_not_allowed": "cloud not allowed",
+    "over_limit": "over the limit",
+    "over_cloud_budget": "over the account's cloud budget",
+    "over_cap": "over a cap of the account or its member",
+    "over_credit": "more than is available",
+}

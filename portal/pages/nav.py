@@ -15,6 +15,8 @@ from portal.auth import current
 
 LINKS = [
     ("pages.home", "Home"),
+    ("pages.my_jobs", "My jobs"),
+    ("pages.new_job", "New job"),
     ("pages.jobs_index", "Jobs"),
     ("pages.usage_index", "Usage"),
     ("pages.quote", "Quote"),

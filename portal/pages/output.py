@@ -16,8 +16,8 @@ TAIL_LINES = 50
 TAIL_BYTES = 64 * 1024
 
 
-def output_tail(path: str | None, owner: str) -> str | None:
-    """The last lines of `path` if it is a regular file owned by `owner`, else None."""
+def output_tail(path: str | None, owner: str, lines: int = TAIL_LINES) -> str | None:
+    """The last `lines` lines of `path` if it is a regular file owned by `owner`, else None."""
     if not path or not os.path.isabs(path):
         return None
     try:
@@ -31,4 +31,4 @@ def output_tail(path: str | None, owner: str) -> str | None:
             return None
         handle.seek(max(0, info.st_size - TAIL_BYTES))
         data = handle.read(TAIL_BYTES)
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-TAIL_LINES:])
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])

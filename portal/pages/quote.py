@@ -46,17 +46,21 @@ def quote() -> Any:
                 )
             except InvalidInput as refused:
                 error = refused.message
-    now = utcnow()
-    gpu_types = [gres for gres in prices.gpu_types() if prices.price_at(gres, None, now) is not None]
     return render_template(
         "pages/quote.html",
         names=names,
-        gpu_types=gpu_types,
+        gpu_types=priced_gpu_types(prices),
         form=form,
         result=result,
         sbatch=_sbatch_line(result) if result else None,
         error=error,
     ), (422 if error else 200)
+
+
+def priced_gpu_types(prices: api.PriceTable) -> list[str]:
+    """The GPU types the ledger has a price for now (a form's choices)."""
+    now = utcnow()
+    return [gres for gres in prices.gpu_types() if prices.price_at(gres, None, now) is not None]
 
 
 def _sbatch_line(quoted: dict[str, Any]) -> str:

@@ -16,10 +16,14 @@ import click
 from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
+    DEFAULT_RESUME_TIMEOUT_SECONDS,
+    DEFAULT_SUSPEND_TIME_SECONDS,
     DEVICE_LINES,
     NotOurs,
+    cloud_command,
     install,
     launcher_command,
+    power_saving_lines,
     prepare_folders,
     read_hook_settings,
     slurm_conf_lines,
@@ -140,7 +144,27 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
         text = slurm_conf_lines(hook_dir, types, job_submit_dir)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    click.echo(text + DEVICE_LINES + scarcity_lines(config_path), nl=False)
+    click.echo(
+        text + DEVICE_LINES + scarcity_lines(config_path) + cloud_lines(config_path, hook_dir), nl=False
+    )
+
+
+def _cloud_section(config_path: str) -> dict[str, object] | None:
+    section = _read_config(config_path).get("cloud")
+    return section if isinstance(section, dict) and section else None
+
+
+def cloud_lines(config_path: str, hook_dir: str) -> str:
+    """slurm.conf's power-saving lines when the config has a [cloud] section, else ''."""
+    section = _cloud_section(config_path)
+    if section is None:
+        return ""
+    try:
+        suspend = section.get("suspend_time_seconds", DEFAULT_SUSPEND_TIME_SECONDS)
+        resume = section.get("resume_timeout_seconds", DEFAULT_RESUME_TIMEOUT_SECONDS)
+        return power_saving_lines(hook_dir, suspend_time_seconds=suspend, resume_timeout_seconds=resume)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise click.ClickException(f"{config_path}: {e}") from e
 
 
 @slurm.command("install")
@@ -206,7 +230,12 @@ def install_command(
         raise click.ClickException(f"no such user {e} (SlurmUser from {where}); pass --slurm-user") from e
     try:
         command = [gpucredit_exe] if gpucredit_exe else launcher_command(sys.executable)
-        written = install(etc_dir, hook_dir, command, path, job_submit_to=job_submit_to, force=force)
+        cloud = None
+        if _cloud_section(path) is not None:  # the power-saving shims run `gpucredit cloud ...`
+            cloud = [gpucredit_exe] if gpucredit_exe else cloud_command(sys.executable)
+        written = install(
+            etc_dir, hook_dir, command, path, job_submit_to=job_submit_to, force=force, cloud=cloud
+        )
         folders = prepare_folders(settings, user, slurmd_user)
     except NotOurs as e:
         raise click.ClickException(

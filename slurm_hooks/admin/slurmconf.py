@@ -75,6 +75,27 @@ exec /usr/bin/env \\
     GPUCREDIT_HOOK_SETTINGS=@settings@ \\
     @command@ hook @hook@
 """
+# `gpucredit cloud <act>` -> the slurm.conf key that runs it (power saving, State=CLOUD nodes).
+CLOUD_PROGRAMS: dict[str, str] = {
+    "resume": "ResumeProgram",
+    "suspend": "SuspendProgram",
+    "resume-fail": "ResumeFailProgram",
+}
+# Slurm runs each with one argument, the hostlist, as SlurmUser and with no PATH.
+_CLOUD_SHIM_TEMPLATE = """#!/bin/sh
+# gpucredit cloud @act@ (slurm.conf @key@), written by `gpucredit slurm install`.
+# slurmctld runs it with the nodes' hostlist and no PATH: every path here is absolute.
+# The provider's credentials come from boto3's own chain (SlurmUser's ~/.aws, or the
+# controller's instance role), never from gpucredit.toml; slurmctld passes its own
+# environment on to none of its power-saving programs.
+exec /usr/bin/env \\
+    GPUCREDIT_CONFIG=@config@ \\@environment@
+    @command@ cloud @act@ "$@"
+"""
+# Defaults for the power-saving timers, seconds: a cloud GPU node idle 10 minutes is
+# ended; one not up 15 minutes after its launch has failed (GPU instances boot slowly).
+DEFAULT_SUSPEND_TIME_SECONDS = 600
+DEFAULT_RESUME_TIMEOUT_SECONDS = 900
 _GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _PLACEHOLDER = re.compile(r"@[a-z_]+@")
 
@@ -84,6 +105,75 @@ def shim_name(hook: str) -> str:
     if hook not in HOOKS:
         raise ValueError(f"unknown hook {hook!r}; expected one of {', '.join(HOOKS)}")
     return hook.replace("-", "_") + ".sh"
+
+
+def cloud_shim_name(act: str) -> str:
+    """File name of the shim for `gpucredit cloud <act>`: resume-fail -> cloud_resume_fail.sh."""
+    if act not in CLOUD_PROGRAMS:
+        raise ValueError(f"unknown cloud program {act!r}; expected one of {', '.join(CLOUD_PROGRAMS)}")
+    return "cloud_" + act.replace("-", "_") + ".sh"
+
+
+def cloud_command(python: str) -> list[str]:
+    """`python` running this installation's `gpucredit cloud ...`: unlike the hooks'
+    launcher it keeps `site`, where boto3 (the cloud extra) is installed."""
+    return [_require_absolute("python", python), "-I", str(HOOK_LAUNCHER)]
+
+
+def render_cloud_shim(
+    act: str, command: Sequence[str], config_path: str, environment: Mapping[str, str] | None = None
+) -> str:
+    """The text of the shell shim slurmctld runs as `<key> HOSTLIST`; `environment`: more
+    variables for the program (the Slurm box: where moto's dummy credentials are)."""
+    if not command:
+        raise ValueError("the cloud command is empty")
+    cloud_shim_name(act)  # validates the name
+    values = {
+        "act": act,
+        "key": CLOUD_PROGRAMS[act],
+        "command": shlex.join([_require_absolute("the cloud command", command[0]), *command[1:]]),
+        "config": shlex.quote(_require_absolute("config_path", config_path)),
+        "environment": "".join(
+            f"\n    {name}={shlex.quote(value)} \\" for name, value in sorted((environment or {}).items())
+        ),
+    }
+    text = _CLOUD_SHIM_TEMPLATE
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
+def power_saving_lines(
+    hook_dir: str,
+    *,
+    suspend_time_seconds: int = DEFAULT_SUSPEND_TIME_SECONDS,
+    resume_timeout_seconds: int = DEFAULT_RESUME_TIMEOUT_SECONDS,
+) -> str:
+    """slurm.conf's power-saving lines for a site with a `[cloud]` section: Slurm launches
+    State=CLOUD nodes through `gpucredit cloud resume` and ends them idle through
+    `gpucredit cloud suspend` (the shims `gpucredit slurm install` writes)."""
+    hook_dir = _require_absolute("hook_dir", hook_dir)
+    for name, value in (
+        ("suspend_time_seconds", suspend_time_seconds),
+        ("resume_timeout_seconds", resume_timeout_seconds),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"cloud.{name}: a whole number of seconds, at least 1, got {value!r}")
+    shims = {key: os.path.join(hook_dir, cloud_shim_name(act)) for act, key in CLOUD_PROGRAMS.items()}
+    lines = [
+        "# gpucredit: cloud nodes (State=CLOUD in their NodeName lines) launched and ended through the",
+        "# provider's API ([cloud] in gpucredit.toml; `gpucredit cloud instances` shows what they cost)",
+        f"ResumeProgram={shims['ResumeProgram']}",
+        f"SuspendProgram={shims['SuspendProgram']}",
+        f"ResumeFailProgram={shims['ResumeFailProgram']}",
+        f"ResumeTimeout={resume_timeout_seconds}",
+        f"SuspendTime={suspend_time_seconds}",
+        "# powered-down cloud nodes stay visible to sinfo and scontrol (`gpucredit cloud reconcile`)",
+        "PrivateData=cloud",
+        "# a node whose launch failed is DOWN with the provider's reason; to offer it again once it is",
+        "# powered down, add idle_on_node_suspend to your SlurmctldParameters (Slurm 21.08 and later)",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _require_absolute(what: str, path: str) -> str:
@@ -293,6 +383,7 @@ def install(
     force: bool = False,
     backup: bool = True,
     now: float | None = None,
+    cloud: Sequence[str] | None = None,
 ) -> list[str]:
     """Write the four hook shims into `hook_dir` and job_submit.lua into `etc_dir` (or
     `job_submit_to`, for a site whose own job_submit.lua calls gpucredit's).
@@ -301,6 +392,9 @@ def install(
     the script to install; by default the one gpucredit ships. Both carry the
     settings they need from `config_path` as it is now, so run this again after
     changing the config. Returns the paths written. Files are replaced atomically.
+
+    `cloud` (a site with a `[cloud]` section): the command of the three power-saving
+    shims (`cloud_command(python)`, or a gpucredit executable), written beside the hooks'.
 
     A file in the way that gpucredit did not write and that differs from what would be
     written (a site's own job_submit.lua or Prolog) is never replaced silently: NotOurs,
@@ -317,6 +411,8 @@ def install(
         Path(_require_absolute("job_submit_to", job_submit_to)) if job_submit_to else etc / "job_submit.lua"
     )
     texts = {hooks / shim_name(hook): render_shim(hook, command, config_path, settings) for hook in HOOKS}
+    for act in CLOUD_PROGRAMS if cloud else ():  # a site with a [cloud] section: its command
+        texts[hooks / cloud_shim_name(act)] = render_cloud_shim(act, cloud or (), config_path)
     texts[lua_target] = render_job_submit(lua_source.read_text(), config_path)
 
     in_the_way = [path for path, text in texts.items() if _foreign(path, text)]

@@ -271,6 +271,8 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
     ),
     "accounting_bridge.outage": frozenset({"accounting_bridge.cli_support", "ledger", "slurm_hooks"}),
     "accounting_bridge.cli": frozenset({"accounting_bridge.sacct", "accounting_bridge.meter"}),
+    # Cloud nodes: the provider's API, Slurm's power-saving programs, the instances' bill.
+    "accounting_bridge.cloud": frozenset({"accounting_bridge.slurm", "ledger", "slurmtext"}),
     "gpucredit.daemon": frozenset(
         {
             "accounting_bridge.slurm",
@@ -288,6 +290,7 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
     "gpucredit": frozenset(
         {
             "accounting_bridge.cli",
+            "accounting_bridge.cloud",
             "accounting_bridge.nvml",
             "accounting_bridge.outage",
             "accounting_bridge.sync",
@@ -299,8 +302,9 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
             "slurm_hooks.admin",
         }
     ),
-    "portal": frozenset({"ledger"}),
-    "slurmbox": frozenset({"slurm_hooks.admin"}),  # the box installs the hooks as an admin would
+    "portal": frozenset({"ledger", "slurmtext"}),  # portal.jobs reads squeue/sacct with slurmtext
+    # the box installs the hooks as an admin would; its cloud nodes boot when the provider runs them
+    "slurmbox": frozenset({"slurm_hooks.admin", "accounting_bridge.cloud"}),
 }
 
 

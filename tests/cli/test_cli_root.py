@@ -18,12 +18,15 @@ from gpucredit.cli import EXIT_MISSING_EXTRA, _build
 COMMAND_TEXT = """
 account account/create account/import-slurm account/list account/pool account/set-parent account/show
 account/tree adjust agent
-audit audit/checkpoint audit/verify balance bridge bridge/meter bridge/reconcile bridge/sacct
+audit audit/checkpoint audit/verify balance bridge bridge/gpu-usage bridge/meter bridge/reconcile bridge/sacct
+cloud cloud/instances cloud/reconcile cloud/report cloud/resume cloud/resume-fail cloud/suspend
 consume daemon example export export/ood-balance fairshare fairshare/show fairshare/sync grant
 hold hold/create hold/list hold/release hold/settle hold/show hold/usage init
+job job/cancel job/list job/output job/show job/submit
 limits limits/set limits/show limits/sync passwd policy policy/bound policy/readback
 policy/spool price price/list price/set quote report serve slurm slurm/check
-slurm/config slurm/install sweep token token/create token/list token/revoke topup transfer user user/add
+slurm/config slurm/install submitter submitter/serve sweep token token/create token/list token/revoke
+topup transfer user user/add
 """
 COMMANDS = COMMAND_TEXT.split()
 

@@ -11,7 +11,6 @@ with a hint where they are missing, a failure under CI (env CI set).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from tests.support.lua_job_submit import (
     UNCHECKED,
     decision,
     lua_literal,
-    lua_problem,
+    require_lua,
     run_script,
     run_submissions,
 )
@@ -40,12 +39,7 @@ from tests.support.lua_job_submit import (
 
 @pytest.fixture(scope="module", autouse=True)
 def lua_available() -> None:
-    problem = lua_problem()
-    if problem is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"required for CI: {problem}")
-    pytest.skip(problem)
+    require_lua()
 
 
 # --- decisions ------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ Needs lua5.1 and lua-socket, as tests/hooks/test_job_submit_lua.py.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tests.support import FIXTURES
 from tests.support.fakedaemon import FakeDaemon, Responder
 from tests.support.fakedaemon import fake_daemon as fake_daemon
 from tests.support.fakedaemon import sockdir as sockdir
-from tests.support.lua_job_submit import decision, lua_problem, run_script
+from tests.support.lua_job_submit import decision, require_lua, run_script
 from tests.support.recorded_versions import SUBMITTED, VERSIONS
 
 RECORDER_KEYS = ("pairs", "submit_uid")  # the dump's own notes, not job_desc fields
@@ -30,12 +29,7 @@ RECORDER_KEYS = ("pairs", "submit_uid")  # the dump's own notes, not job_desc fi
 
 @pytest.fixture(scope="module", autouse=True)
 def lua_available() -> None:
-    problem = lua_problem()
-    if problem is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"required for CI: {problem}")
-    pytest.skip(problem)
+    require_lua()
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -69,6 +69,21 @@ def test_a_name_that_is_no_example_is_refused() -> None:
     assert code == 2 and "print one, or copy them with --to DIR" in out
 
 
+def test_every_timer_starts_a_oneshot_unit_whose_command_exists() -> None:
+    """A timer fires the .service of its own name, which must be there, run once, and
+    name a gpucredit command that exists (a renamed command would fail only at 3 a.m.)."""
+    timers = [name for name in EXAMPLES if name.endswith(".timer")]
+    assert "systemd/gpucredit-cloud-reconcile.timer" in timers
+    for timer in timers:
+        unit = example_text(timer.removesuffix(".timer") + ".service")
+        assert "Type=oneshot\n" in unit, timer
+        [command] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+        words = command.split()[1:]  # after the executable, this installation's
+        code, out = gc(*[word for word in words if not word.startswith("-")], "--help")
+        assert code == 0, (timer, out)
+    assert "\nUser=slurm\n" in example_text("systemd/gpucredit-cloud-reconcile.service")
+
+
 def test_every_long_running_unit_stops_restarting_without_its_extra() -> None:
     """A service whose extra is missing exits EXIT_MISSING_EXTRA, which its unit names in
     RestartPreventExitStatus=, so systemd does not restart it every few seconds."""
@@ -98,7 +113,7 @@ def test_the_example_config_is_safe_and_holds_only_keys_the_code_reads() -> None
     known["payments.stripe"] = {"secret_key", "webhook_secret", "tolerance_seconds", "timeout_seconds"}
     known["policy.outage_credit_lines"] = {"physics"}
     known["partitions.onprem"] = known["partitions.cloud"] = {"site"}
-    known["routing.accounts.physics"] = {"max_cost", "cloud"}
+    known["routing.accounts.physics"] = {"max_cost", "cloud", "cloud_budget"}
     text = example_text("gpucredit.toml")
     table = None
     found = []

@@ -18,6 +18,7 @@ import schemathesis
 from flask import Flask
 from hypothesis import HealthCheck, settings
 
+from tests.support.fake_jobs import FakeBackend
 from tests.support.portal import bearer, make_app, seed_site
 from tests.support.services import new_database
 
@@ -39,6 +40,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> I
     site = seed_site(db_url)
     # Thousands of requests a minute: the per-token rate limit is tested elsewhere.
     app = make_app(db_url, portal={"api_rate_limit": "1000000 per minute"})
+    app.extensions["gpucredit.jobs_backend"] = FakeBackend()  # the jobs API without Slurm
     yield Seeded(app, site.tokens["admin"])
     app.extensions["gpucredit.engine"].dispose()
 

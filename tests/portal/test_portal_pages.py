@@ -7,9 +7,7 @@ import csv
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
-from html.parser import HTMLParser
 
 import pytest
 from flask.testing import FlaskClient
@@ -20,71 +18,8 @@ from ledger.jobs import jobruns
 from ledger.money import format_credits, parse_credits
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time, parse_time, utcnow
+from tests.support.html_page import Element, Page, cells, descendants
 from tests.support.portal import LoginAs, Site, login, make_app
-
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
-
-
-@dataclass
-class Element:
-    tag: str
-    attrs: dict[str, str]
-    index: int  # its place in Page.elements; its children follow it up to `end`
-    end: int = 0
-    parts: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return " ".join("".join(self.parts).split())
-
-
-class Page(HTMLParser):
-    """Every element of a page with its attributes and text (its children's included)."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.elements: list[Element] = []
-        self._open: list[Element] = []
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element = Element(tag, {k: v or "" for k, v in attrs}, len(self.elements))
-        self.elements.append(element)
-        if tag in VOID:
-            element.end = element.index + 1
-        else:
-            self._open.append(element)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.handle_starttag(tag, attrs)
-        if tag not in VOID:
-            self.handle_endtag(tag)
-
-    def handle_endtag(self, tag: str) -> None:
-        while self._open:
-            element = self._open.pop()
-            element.end = len(self.elements)
-            if element.tag == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        for element in self._open:
-            element.parts.append(data)
-
-    def all(self, **attrs: str) -> list[Element]:
-        wanted = {k.rstrip("_").replace("_", "-"): v for k, v in attrs.items()}
-        return [e for e in self.elements if all(e.attrs.get(k) == v for k, v in wanted.items())]
-
-    def one(self, **attrs: str) -> Element:
-        found = self.all(**attrs)
-        assert len(found) == 1, f"{attrs}: {len(found)} elements"
-        return found[0]
-
-    def text(self, testid: str) -> str:
-        return self.one(data_testid=testid).text
-
-    def rows(self, tag_attr: str) -> dict[str, Element]:
-        return {e.attrs[tag_attr]: e for e in self.elements if e.tag == "tr" and tag_attr in e.attrs}
 
 
 def get_page(client: FlaskClient, path: str, status: int = 200) -> Page:
@@ -108,14 +43,6 @@ def hold_of(db_url: str, job_id: int) -> int:
         return api.find_job_holds(s, "default", job_id)[0].id
 
 
-def _descendants(page: Page, element: Element) -> list[Element]:
-    return page.elements[element.index + 1 : element.end]
-
-
-def cells(page: Page, row: Element) -> dict[str, str]:
-    return {e.attrs["data-testid"]: e.text for e in _descendants(page, row) if "data-testid" in e.attrs}
-
-
 def job_cells(page: Page, job_id: int) -> dict[str, str]:
     return cells(page, page.rows("data-job")[str(job_id)])
 
@@ -137,8 +64,10 @@ def test_home_lists_my_accounts_with_role_credit_and_the_sbatch_flags(login_as: 
 def test_the_header_links_to_the_pages_that_exist(login_as: LoginAs) -> None:
     page = get_page(login_as("alice"), "/")
     nav = [e for e in _nav_links(page) if e.tag == "a"]
-    assert [(a.text, a.attrs["href"]) for a in nav][:4] == [
+    assert [(a.text, a.attrs["href"]) for a in nav][:6] == [
         ("Home", "/"),
+        ("My jobs", "/my-jobs"),
+        ("New job", "/my-jobs/new"),
         ("Jobs", "/jobs"),
         ("Usage", "/usage"),
         ("Quote", "/quote"),
@@ -147,7 +76,7 @@ def test_the_header_links_to_the_pages_that_exist(login_as: LoginAs) -> None:
 
 
 def _nav_links(page: Page) -> list[Element]:
-    return _descendants(page, next(e for e in page.elements if e.tag == "nav"))
+    return descendants(page, next(e for e in page.elements if e.tag == "nav"))
 
 
 def test_top_up_is_linked_once_the_payments_pages_exist(portal_db: str, site: Site) -> None:
@@ -156,7 +85,7 @@ def test_top_up_is_linked_once_the_payments_pages_exist(portal_db: str, site: Si
     login(client, "bob")
     page = get_page(client, "/accounts/physics")
     assert ("Top up", "/topup") in [(a.text, a.attrs["href"]) for a in _nav_links(page)]
-    tabs = _descendants(page, page.one(class_="pages-tabs"))
+    tabs = descendants(page, page.one(class_="pages-tabs"))
     assert ("Top up", "/accounts/physics/topup") in [(a.text, a.attrs["href"]) for a in tabs]
     assert client.get("/topup").headers["Location"] == "/accounts/physics/topup"
     del app.view_functions["payments.topup"]
@@ -221,7 +150,7 @@ def test_the_dashboard_shows_credit_held_burn_rate_and_run_out(login_as: LoginAs
 def test_the_dashboard_lists_grants_with_their_windows(login_as: LoginAs, site: Site) -> None:
     page = get_page(login_as("alice"), "/accounts/physics")
     grants = [
-        [e.text for e in _descendants(page, row) if e.tag == "td"]
+        [e.text for e in descendants(page, row) if e.tag == "td"]
         for key, row in page.rows("data-testid").items()
         if key.startswith("grant-")
     ]
@@ -327,7 +256,7 @@ def test_a_finished_jobs_entries_show_its_hold_and_final_charge(login_as: LoginA
     assert page.text("elapsed") == "1800"
     assert page.text("cost") == "3.60"
     entries = [
-        (row.attrs["data-kind"], *(e.text for e in _descendants(page, row) if e.attrs.get("data-testid")))
+        (row.attrs["data-kind"], *(e.text for e in descendants(page, row) if e.attrs.get("data-testid")))
         for row in page.rows("data-entry").values()
     ]
     assert entries == [

@@ -18,7 +18,6 @@ the HA box, so it is marked `slurm` and `ha`.
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -27,12 +26,9 @@ from ledger.store.db import make_engine
 from ledger.store.schema import upgrade
 from ledger.timeutil import utcnow
 from slurmbox import ha
-from slurmbox.box import JOB_DIR
-from tests.support.cluster import PRICES, RUN_DIR, Books, Cluster
+from tests.support.cluster import PRICES, Books, Cluster, Gate
 from tests.support.ha import HACluster
 from tests.support.ha import ha_cluster as ha_cluster
-
-HOOK_LOG = RUN_DIR / "hooks.log"
 
 
 @pytest.fixture(scope="module")
@@ -63,31 +59,18 @@ def box(cluster: Cluster) -> Cluster:
     return cluster
 
 
-class Gate:
-    """A job that runs until the test opens its gate (no sleep to outlast)."""
-
-    def __init__(self) -> None:
-        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"
-
-    @property
-    def wrap(self) -> str:
-        return f"while [ ! -e {self.path} ]; do sleep 0.1; done; sleep 1"
-
-    def open(self) -> None:
-        self.path.touch()
-
-
 class HookLog:
     """The hooks' log lines written since this test began (job ids repeat across the box's
-    lives, and the log keeps them all)."""
+    lives, and the log keeps them all); the log is `@DIR@/hooks.log` of the cluster's config."""
 
-    def __init__(self) -> None:
-        self.offset = HOOK_LOG.stat().st_size if HOOK_LOG.exists() else 0
+    def __init__(self, cluster: Cluster) -> None:
+        self.path = cluster.dir / "hooks.log"
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
 
     def lines(self, hook: str, job: int) -> list[str]:
         marker = f"gpucredit[{hook}] job={job} "
         try:
-            with open(HOOK_LOG, "rb") as log:
+            with open(self.path, "rb") as log:
                 log.seek(self.offset)
                 text = log.read().decode(errors="replace")
         except FileNotFoundError:
@@ -104,9 +87,9 @@ def wait_for(condition, what: str, timeout: float = 90) -> None:  # type: ignore
 
 def test_jobs_across_a_failover_are_charged_once(box: Cluster, ha_cluster: HACluster) -> None:
     since = utcnow() - timedelta(seconds=2)
-    hook_lines = HookLog().lines
+    hook_lines = HookLog(box).lines
     account = box.new_account("20")
-    across, ending = Gate(), Gate()
+    across, ending = Gate(box.box), Gate(box.box)
     running = box.box.submit(["-A", account, "--gres=gpu:h100:1", "-t", "2", "--wrap", across.wrap])
     ends = box.box.submit(["-A", account, "--gres=gpu:a100:1", "-t", "2", "--wrap", ending.wrap])
     for job in (running, ends):

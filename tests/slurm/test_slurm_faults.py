@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,8 +41,7 @@ from ledger.store.db import make_engine
 from ledger.store.schema import upgrade
 from ledger.store.tables import entries_t
 from ledger.timeutil import parse_time, utcnow
-from slurmbox.box import JOB_DIR
-from tests.support.cluster import PRICES, Box, Cluster, e2e_dir, is_prolog_refusal, make_box, sacct_runs
+from tests.support.cluster import PRICES, Box, Cluster, Gate, e2e_dir, is_prolog_refusal, make_box, sacct_runs
 from tests.support.daemon import DaemonProcess
 from tests.support.services import require
 
@@ -358,22 +356,6 @@ def submit(c: Faults, account: str, *args: str) -> int:
     return c.box.submit(["-A", account, *args])
 
 
-class Gate:
-    """A job that runs until the test opens its gate: a fault lands while it runs, or at
-    its end, whatever the machine's speed (no sleep to outlast)."""
-
-    def __init__(self) -> None:
-        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"  # as the job sees it, in the box
-
-    @property
-    def wrap(self) -> str:
-        # ...then one more second, so the run is charged something after the gate opens.
-        return f"while [ ! -e {self.path} ]; do sleep 0.1; done; sleep 1"
-
-    def open(self) -> None:
-        BOX.inside(str(self.path)).touch()
-
-
 def charged(hook_line: str) -> str:
     """`charged X of Y credits` of an epilog's log line."""
     return hook_line.split(": charged ", 1)[1].split(" (", 1)[0]
@@ -480,7 +462,7 @@ def test_a_lease_the_meter_cannot_renew_while_the_database_is_down_is_caught_up_
     env = {**os.environ, "GPUCREDIT_CONFIG": str(faults.config_path)}
     meter_log = RUN_DIR / "meter-lease.log"
     meter_log.unlink(missing_ok=True)
-    gate = Gate()
+    gate = Gate(BOX)
     meter = None
     down = False
     try:
@@ -536,7 +518,7 @@ def wait_for(condition: Callable[[], bool], process: subprocess.Popen[bytes], lo
 
 def test_database_stopped_while_running_and_back_before_the_epilog(faults: Faults, since: datetime) -> None:
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(faults, account, "--gres=gpu:a100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -552,7 +534,7 @@ def test_database_stopped_during_the_epilog_the_bridge_settles_the_run(
     faults: Faults, since: datetime
 ) -> None:
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(faults, account, "--gres=gpu:a100:2", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -574,7 +556,7 @@ def test_database_stopped_during_the_epilog_the_bridge_settles_the_run(
 
 def test_primary_daemon_killed_mid_job_the_backup_settles(faults: Faults, since: datetime) -> None:
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -594,7 +576,7 @@ def test_both_daemons_killed_at_submit_prolog_running_and_epilog(faults: Faults,
     bridge settles. One job of each, books exact."""
     account = faults.new_account("10")
     args = ["--gres=gpu:a100:1", "-t", "1"]
-    running_gate, epilog_gate = Gate(), Gate()
+    running_gate, epilog_gate = Gate(BOX), Gate(BOX)
     parked = submit(faults, account, "--hold", *args, "--wrap", "sleep 1")
     running = submit(faults, account, *args, "--wrap", running_gate.wrap)
     at_epilog = submit(faults, account, *args, "--wrap", epilog_gate.wrap)
@@ -672,7 +654,7 @@ def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
     faults: Faults, since: datetime
 ) -> None:
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(
         faults, account, "-p", "onprem", "-w", "node2", "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap
     )
@@ -702,25 +684,33 @@ def test_node_killed_under_a_job_is_refunded_and_the_requeued_run_charged_once(
 # --------------------------------------------------------------------------- meter and bridge killed
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""
+def _stalled_sacct_config(faults: Faults, folder: Path) -> tuple[Path, Path]:
+    """A copy of the config whose `slurm.bin_dir` holds an sacct that says it started (its
+    pid in the marker) and then never ends: the bridge is caught inside sacct every time,
+    however fast the real one answers. The other clients are the box's own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    real = Path(faults.box.client_dir())
+    for name in ("sacctmgr", "sbatch", "scancel", "scontrol", "sinfo", "squeue", "sshare"):
+        link = folder / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(real / name)
+    marker = folder / "sacct.pid"
+    marker.unlink(missing_ok=True)
+    sacct = folder / "sacct"
+    sacct.write_text(f"#!/bin/sh\necho $$ > {marker}.tmp && mv {marker}.tmp {marker}\nexec sleep 600\n")
+    sacct.chmod(0o755)
+    text = faults.config_path.read_text()
+    assert f'bin_dir = "{real}"' in text, text
+    config = folder / "config.toml"
+    config.write_text(text.replace(f'bin_dir = "{real}"', f'bin_dir = "{folder}"'))
+    return config, marker
 
 
 def test_meter_and_bridge_killed_mid_work_change_nothing(faults: Faults, since: datetime) -> None:
     """The meter SIGKILLed after a tick and run again; the bridge SIGKILLed while its
     sacct runs (mid-ingest), then run to the end: every charge is still exact once."""
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(faults, account, "--gres=gpu:h100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog-slurmctld", job, "hold ")
@@ -747,21 +737,24 @@ def test_meter_and_bridge_killed_mid_work_change_nothing(faults: Faults, since: 
     faults.box.wait_state(job, "COMPLETED", timeout=60)
     faults.wait_hook("epilog-slurmctld", job, "settled hold")
     sacct_runs(faults.box, job, account)  # final in sacct, so the bridge has it to ingest
+    config, marker = _stalled_sacct_config(faults, RUN_DIR / "stalled-sacct")
     bridge = subprocess.Popen(
         [GPUCREDIT, "bridge", "sacct", "--since", since.isoformat()],
-        env=env,
+        env={**env, "GPUCREDIT_CONFIG": str(config)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
-        while not any("sacct" in _cmdline(child) for child in _children(bridge.pid)):
+        while not marker.exists():
             assert bridge.poll() is None, "the bridge ended before it ran sacct"
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            time.sleep(0.05)
     finally:
         bridge.kill()
         bridge.wait(10)
+        if marker.exists():
+            os.kill(int(marker.read_text()), 9)
     faults.check(account, {job: PRICES["h100"]}, since)
 
 
@@ -837,7 +830,7 @@ def test_nvml_agent_killed_leaves_a_gap_in_usage_and_charges_alone(faults: Fault
 
     usage_t = table_of(GpuUsage)
     account = faults.new_account("10")
-    gate = Gate()
+    gate = Gate(BOX)
     job = submit(faults, account, "-w", "node1", "--gres=gpu:a100:1", "-t", "1", "--wrap", gate.wrap)
     faults.box.wait_state(job, "RUNNING", timeout=30)
     faults.wait_hook("prolog", job, "registered")

@@ -2,7 +2,7 @@
 
 The parsers read every version's recordings alike (tests/slurmtext/test_recorded_versions.py);
 here the whole path runs in the chroot box of each version named in
-GPUCREDIT_BOX_VERSIONS (e.g. "24.11 26.05", as .ci/run sets it), every command through
+GPUCREDIT_BOX_VERSIONS (`make test-slurm-versions` sets it to the box it runs), every command through
 the box's own runner (its clients, its gpucredit, its ledger):
 
 * a job whose name and comment hold a forged accounting row, separators and `TRES=`

@@ -11,6 +11,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from ledger.money import charge_for, format_credits, parse_credits
 from ledger.store.db import make_sessionmaker
 from ledger.store.tables import entries_t, holds_t
 from slurmbox import SlurmBox, versions
+from slurmbox.box import JOB_DIR
 from slurmbox.chroot import ChrootBox
 
 RUN_DIR = Path("/run/gpucredit-e2e")  # on the host's box; e2e_dir() is each box's
@@ -72,6 +74,23 @@ def write_configs(box: Box, config_path: Path, template: str) -> None:
 
 
 PRICES = {"a100": 2_000_000, "h100": 3_600_000}  # micro-credits per GPU-hour
+
+
+class Gate:
+    """A job that runs until the test opens its gate: a fault lands while it runs, or at
+    its end, whatever the machine's speed (no sleep to outlast)."""
+
+    def __init__(self, box: Box) -> None:
+        self.box = box
+        self.path = JOB_DIR / f"gate-{uuid.uuid4().hex[:10]}"  # as the job sees it, in the box
+
+    @property
+    def wrap(self) -> str:
+        # ...then one more second, so the run is charged something after the gate opens.
+        return f"while [ ! -e {self.path} ]; do sleep 0.1; done; sleep 1"
+
+    def open(self) -> None:
+        self.box.inside(str(self.path)).touch()
 
 
 _names = itertools.count(1)

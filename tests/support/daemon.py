@@ -40,11 +40,13 @@ def sinfo_runner() -> FakeRunner:
 
 
 @contextlib.contextmanager
-def running(url: str, socket_dir: Path, runner) -> Iterator[Daemon]:  # type: ignore[no-untyped-def]
-    """A Daemon served from a thread on `socket_dir`/daemon.sock until the block ends."""
+def running(url: str, socket_dir: Path, runner, **sections) -> Iterator[Daemon]:  # type: ignore[no-untyped-def]
+    """A Daemon served from a thread on `socket_dir`/daemon.sock until the block ends;
+    `sections` replace the default config's top-level tables (e.g. partitions, routing)."""
     config = load_config(Path("/dev/null"))
     config["database"]["url"] = url
     config["daemon"]["top_up_hint"] = HINT
+    config.update(sections)
     daemon = Daemon(config, runner)
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(

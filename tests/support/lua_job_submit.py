@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO
+from tests.support.services import require
 
 SCRIPT = REPO / "job_submit" / "job_submit.lua"
 NO_VAL = 4294967294
@@ -45,6 +46,13 @@ def lua_problem() -> str | None:
     if probe.returncode != 0:
         return f"luasocket not usable from lua5.1 (apt-get install lua-socket): {probe.stderr.strip()}"
     return None
+
+
+def require_lua() -> None:
+    """Skip outside CI, fail in CI (tests.support.services.require), when job_submit.lua
+    cannot run here: the fixture every module that runs it uses."""
+    problem = lua_problem()
+    require(problem is None, "job_submit.lua under lua5.1", problem or "")
 
 
 # --- fake daemon -----------------------------------------------------------------------
@@ -88,7 +96,7 @@ slurm = {
 %(prelude)s
 local loaded = dofile(%(script)s)
 
--- Slurm lets job_submit write some fields (a routed job's partition and comment);
+-- Slurm lets job_submit write some fields (a routed job's partition, comment, AdminComment);
 -- writing any other is a test failure.
 local written
 local function userdata_like(fields, writable)
@@ -116,7 +124,7 @@ for submission = 1, %(submissions)d do
     for _, kind in pairs(captured) do
         for i = #kind, 1, -1 do kind[i] = nil end
     end
-    local job_desc = userdata_like(%(job_desc)s, { partition = true, comment = true })
+    local job_desc = userdata_like(%(job_desc)s, { partition = true, comment = true, admin_comment = true })
     local part_list = {}
     for name, fields in pairs(%(partitions)s) do
         part_list[name] = userdata_like(fields)

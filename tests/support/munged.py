@@ -4,6 +4,7 @@ touch the host's (or the Slurm box's) munged. Debian's `munge` package provides 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -58,3 +59,49 @@ def munged(folder: Path, key: bytes | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def encode(socket: str, payload: bytes, *, uid: int | None = None, ttl: int | None = None) -> str:
+    """A credential from the munged at `socket`; as `uid` (its gid: its passwd entry's,
+    else the same number) when given, which `munge` allows root alone."""
+    argv = ["munge", f"--socket={socket}"]
+    if uid is not None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = uid
+        argv += [f"--uid={uid}", f"--gid={gid}"]
+    if ttl is not None:
+        argv.append(f"--ttl={ttl}")
+    done = subprocess.run(argv, input=payload, capture_output=True, timeout=10, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
+    return done.stdout.decode("ascii").strip()
+
+
+def plain_user() -> pwd.struct_passwd:
+    """A user with a passwd entry who is not root: this one, or `nobody` when the tests
+    run as root (who encodes credentials for it with --uid)."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid())
+    return pwd.getpwnam("nobody")
+
+
+def as_user(user: pwd.struct_passwd) -> int | None:
+    """The --uid that `encode` needs to speak as `user`: none when it is this process's."""
+    return None if user.pw_uid == os.geteuid() else user.pw_uid
+
+
+@contextmanager
+def users_munged(key: bytes | None = None) -> Iterator[str]:
+    """`munged` in a folder every user may reach, as on a node: `munge --uid` speaks as
+    that user, and pytest's tmp_path is root's alone. Removed after."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gpucredit-munge-"))
+    folder.chmod(0o755)
+    try:
+        with munged(folder, key) as socket:
+            yield socket
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,215 @@
+"""What the API and the job pages do with jobs, once: who sees a job, who may cancel it
+or read its output, submitting and cancelling through the backend, and a job's money
+from the ledger.
+
+The access rule is the portal's one (`portal.auth.accounts_of` / `own_user`): members
+see their own jobs, managers their account's, admins all; a job the principal may not
+see is "does not exist". A job's own user, its account's managers and admins may cancel
+it: the submitter runs scancel as the job's own user (Slurm lets a user cancel their
+own jobs; a manager need not be a Slurm coordinator), and the portal's log names who
+asked. Only its own user may read its output (`portal.pages.output`'s rule: the file
+is theirs). Costs are the ledger's figures (`ledger.api.cost_so_far`, a
+hold's charge); nothing here prices anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from flask import Flask, current_app
+from sqlalchemy.orm import Session
+
+from ledger import api
+from ledger.errors import NotFound
+from ledger.money import format_credits
+from ledger.timeutil import format_time
+from portal.auth import Forbidden, Principal, accounts_of, own_user
+from portal.jobs.backend import JobBackend, JobSpec, SlurmJob, SubmitterBackend
+from portal.jobs.spec import member_of, quote_spec
+from portal.pages.output import output_tail
+from portal.store import transaction
+
+log = logging.getLogger("gpucredit.portal.jobs")
+
+MAX_JOB_ID = 4294967293  # Slurm's ids are 32-bit; above are its NO_VAL markers
+DEFAULT_SOCKET = "/run/gpucredit/submitter.sock"
+LIVE_STATES = ("queued", "running")  # the states scancel acts on
+MANAGING = ("manager", "admin")  # the roles that may cancel anyone's job in the account
+
+
+def backend_of(app: Flask) -> JobBackend:
+    """The app's job backend: one set in app.extensions (tests), else the submitter's."""
+    backend = app.extensions.get("gpucredit.jobs_backend")
+    if backend is None:
+        config = app.config["GPUCREDIT"]
+        socket_path = str(config["portal"].get("submitter_socket") or DEFAULT_SOCKET)
+        backend = SubmitterBackend(socket_path, str(config.get("slurm", {}).get("bin_dir", "/usr/bin")))
+        app.extensions["gpucredit.jobs_backend"] = backend
+    return backend
+
+
+def _cluster() -> str:
+    return str(current_app.config["GPUCREDIT"].get("slurm", {}).get("cluster", "lab"))
+
+
+def visible(s: Session, who: Principal, job: SlurmJob) -> bool:
+    return _sees(accounts_of(s, who), who, job)
+
+
+def _sees(roles: dict[str, str], who: Principal, job: SlurmJob) -> bool:
+    """The rule, given `who`'s roles (read once for a whole list)."""
+    role = roles.get(job.account)
+    return role is not None and own_user(role, who) in (None, job.user)
+
+
+def may_cancel(who: Principal, job: SlurmJob, role: str | None) -> bool:
+    """Whether `who`, whose role in the job's account is `role`, may cancel `job` now:
+    while it is queued or running (a finished job has nothing to cancel)."""
+    return job.state in LIVE_STATES and may_stop(who, job, role)
+
+
+def may_stop(who: Principal, job: SlurmJob, role: str | None) -> bool:
+    """Whether `who` may cancel `job` at all: its own user, a manager of its account, an admin."""
+    return job.user == who.user or role in MANAGING
+
+
+def find_job(s: Session, who: Principal, job_id: int) -> SlurmJob:
+    job = backend_of(current_app).job(job_id) if 1 <= job_id <= MAX_JOB_ID else None
+    if job is None or not visible(s, who, job):
+        raise NotFound(f"job {job_id} does not exist", details={"job_id": job_id})
+    return job
+
+
+def visible_jobs(s: Session, who: Principal, account: str | None = None) -> list[SlurmJob]:
+    """The jobs `who` may see, newest first; in one of their accounts when `account` is given."""
+    roles = accounts_of(s, who)
+    if account is not None and account not in roles:
+        raise NotFound(f"account {account} does not exist", details={"account": account})
+    accounts: Sequence[str] | None = [account] if account else (None if who.is_admin else list(roles))
+    return [job for job in backend_of(current_app).jobs(accounts) if _sees(roles, who, job)]
+
+
+def submit(
+    who: Principal, spec: JobSpec, seconds: int, key: str | None, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Submit `spec` as `who` (a member of its account) after the ledger's quote; a repeat
+    of `key` with the same body returns the first result and submits nothing. A refusal
+    (sbatch's, or a 422 here) keeps no result, so a retry submits."""
+    keyed_body = {**body, "user": who.user}
+    with transaction() as s:
+        member_of(s, who, spec.account)
+        first = api.first_result(s, spec.account, key, "job_submit", keyed_body)
+        if first is not None:
+            return first
+        quote = quote_spec(s, spec, seconds)
+    submitted = backend_of(current_app).submit(who.user, spec)
+    result = {"job_id": submitted.job_id, "state": "queued", "quote": quote, "message": submitted.message}
+    with transaction() as s:
+        api.keep_result(s, spec.account, key, "job_submit", keyed_body, result)
+    return result
+
+
+def cancel(who: Principal, job_id: int, now: datetime) -> dict[str, Any]:
+    """Cancel a job `who` may stop (403 for another member's it may see: none is, since a
+    member sees only their own); the job right after. Cancelling a finished job changes
+    nothing."""
+    with transaction() as s:
+        job = find_job(s, who, job_id)
+        role = accounts_of(s, who).get(job.account)
+    if not may_stop(who, job, role):
+        raise Forbidden(
+            f"only {job.user} or a manager of {job.account} may cancel job {job_id}",
+            details={"job_id": job_id},
+        )
+    backend = backend_of(current_app)
+    if may_cancel(who, job, role):
+        backend.cancel(job.user, job_id)  # scancel as the job's own user
+        if job.user != who.user:
+            log.info("job %s of %s in %s cancelled by %s (%s)", job_id, job.user, job.account, who.user, role)
+    with transaction() as s:
+        return job_view(s, backend.job(job_id) or job, now)
+
+
+def output_lines(who: Principal, job_id: int, lines: int) -> list[str] | None:
+    """The last `lines` lines of the job's output for its own user (403 for another's it
+    may see); None when there is no file the rule lets it show."""
+    with transaction() as s:
+        job = find_job(s, who, job_id)
+        holds = job_holds(s, job)
+    return tail_of(who, job, holds, lines)
+
+
+def tail_of(who: Principal, job: SlurmJob, holds: list[api.HoldState], lines: int) -> list[str] | None:
+    """The output tail of a job `who` may see, from its latest run that names a file."""
+    if job.user != who.user:
+        raise Forbidden(
+            f"only {job.user} may read the output of job {job.job_id}", details={"job_id": job.job_id}
+        )
+    path = next((h.output_path for h in reversed(holds) if h.output_path), None)
+    tail = output_tail(path, who.user, lines)
+    return None if tail is None else tail.split("\n")
+
+
+def job_holds(s: Session, job: SlurmJob) -> list[api.HoldState]:
+    """The ledger's holds of this job (ids are reused: its account's, taken after it was
+    submitted), by run."""
+    holds = api.find_job_holds(s, _cluster(), job.job_id)
+    after = job.submitted_at
+    mine = [
+        h
+        for h in holds
+        if h.account == job.account and (after is None or h.started_at is None or h.started_at >= after)
+    ]
+    return sorted(mine, key=lambda h: h.run)
+
+
+def job_view(s: Session, job: SlurmJob, now: datetime) -> dict[str, Any]:
+    """A job as the API and the pages show it: Slurm's state and reason, the ledger's
+    cost (so far while it runs, then final) and its attempts with their charges."""
+    holds = job_holds(s, job)
+    cost = 0
+    attempts = []
+    for hold in holds:
+        active = hold.state == "active"
+        charged = api.cost_so_far(hold, now) if active else hold.charged_ucredits
+        cost += charged
+        record = api.job_record(s, hold.id)
+        attempts.append(
+            {
+                "run": hold.run,
+                "state": "running" if active else record.status,
+                "started_at": format_time(hold.started_at),
+                "ended_at": None if active else format_time(hold.resolved_at),
+                "charged": format_credits(charged),
+                "refunded": "node_fail_refund" in record.flags.split(","),
+            }
+        )
+    latest = holds[-1] if holds else None
+    running = job.state == "running"
+    return {
+        "job_id": job.job_id,
+        "account": job.account,
+        "user": job.user,
+        "state": job.state,
+        "reason": job.reason,
+        "partition": job.partition,
+        "gpus": latest.gpus if latest else None,
+        "time_limit": _duration(job.time_limit_seconds),
+        "submitted_at": format_time(job.submitted_at),
+        "started_at": format_time(job.started_at),
+        "ended_at": format_time(job.ended_at),
+        "cost": format_credits(cost),
+        "estimated_total": format_credits(latest.amount_ucredits) if running and latest else None,
+        "attempts": attempts,
+    }
+
+
+def _duration(seconds: int | None) -> str | None:
+    if seconds is None:
+        return None
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

@@ -1,0 +1,240 @@
+"""The jobs API on the real Slurm box (22.05, the host's): the portal's POST/GET/DELETE
+/api/v1/jobs reach Slurm through the root submitter (portal/jobs/submitter.py), which
+runs alice's own sbatch/scancel, so every job passes job_submit.lua and the hooks like
+any sbatch; costs are the ledger's, checked against sacct's ElapsedRaw.
+
+Run under the box lock: flock /tmp/gpucredit-box.lock pytest -m slurm tests/slurm/test_slurm_jobs_api.py
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import select
+
+from ledger import api
+from ledger.money import charge_for, format_credits
+from ledger.store.tables import accounts_t, entries_t
+from portal.jobs.backend import SubmitterBackend
+from portal.jobs.submitter import Submitter, serve
+from slurmbox import SlurmBox
+from tests.support.cluster import PRICES, Cluster, sacct_runs
+from tests.support.portal import bearer, make_app
+
+pytestmark = pytest.mark.slurm
+SCRIPT = "#!/bin/sh\nsleep 2\necho job-says-done\n"
+
+
+@pytest.fixture(scope="module")
+def submitter(cluster: Cluster) -> Iterator[str]:
+    """The submitter for this process's uid (the portal runs in this process, as root
+    here: the peer check admits exactly that uid)."""
+    if not isinstance(cluster.box, SlurmBox):
+        pytest.skip("the submitter runs the host's sbatch; the chroot boxes (24.11, 26.05) need slurmrestd")
+    path = str(cluster.dir / "submitter.sock")
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=serve,
+        args=(path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
+        kwargs={"ready": ready, "stop": stop},
+        daemon=True,
+    )
+    thread.start()
+    assert ready.wait(10)
+    yield path
+    stop.set()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def portal(cluster: Cluster, submitter: str) -> Iterator[Flask]:
+    app = make_app(cluster.url)
+    app.extensions["gpucredit.jobs_backend"] = SubmitterBackend(submitter, "/usr/bin")
+    yield app
+    app.extensions["gpucredit.engine"].dispose()
+
+
+@pytest.fixture(scope="module")
+def alice(cluster: Cluster, portal: Flask) -> dict[str, str]:
+    with cluster.tx() as s:
+        token = api.create_token(s, "alice", "user")[1]
+    return bearer(token)
+
+
+def submit(client: FlaskClient, headers: dict[str, str], account: str, script: str = SCRIPT) -> Any:
+    body = {
+        "account": account,
+        "script": script,
+        "gpus": "h100:1",
+        "time_limit": "00:01:00",
+        "name": "apitest",
+    }
+    return client.post(
+        "/api/v1/jobs", json=body, headers={**headers, "Idempotency-Key": f"k-{account}-{time.monotonic()}"}
+    )
+
+
+def wait_for(
+    client: FlaskClient, headers: dict[str, str], job_id: int, states: set[str], timeout: float = 90
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = client.get(f"/api/v1/jobs/{job_id}", headers=headers)
+        assert answer.status_code == 200, answer.get_json()
+        job = answer.get_json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+
+
+def test_a_job_submitted_through_the_api_runs_and_costs_exactly_its_seconds(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    answer = submit(client, alice, account)
+    assert answer.status_code == 201, answer.get_json()
+    body = answer.get_json()
+    job_id = body["job_id"]
+    assert body["state"] == "queued"
+    assert body["message"].startswith("gpucredit: ~0.06 credits (1×h100 × 1 min)"), body
+    assert (body["quote"]["cost"], body["quote"]["affordable"]) == ("0.06", True)
+    first = client.get(f"/api/v1/jobs/{job_id}", headers=alice).get_json()
+    assert (first["account"], first["user"], first["state"] in ("queued", "running")) == (
+        account,
+        "alice",
+        True,
+    )
+    listed = client.get(f"/api/v1/jobs?account={account}", headers=alice).get_json()
+    assert [job["job_id"] for job in listed["items"]] == [job_id]
+
+    wait_for(client, alice, job_id, {"running", "completed"})
+    cluster.box.wait_state(job_id, "COMPLETED", timeout=90)
+    [hold] = cluster.settled_holds(job_id, account)
+    [row] = sacct_runs(cluster.box, job_id, account)
+    expected = charge_for(PRICES["h100"], int(row["ElapsedRaw"]))
+    assert hold.charged_ucredits == expected
+    done = wait_for(client, alice, job_id, {"completed"})
+    assert (done["cost"], done["gpus"], done["time_limit"]) == (
+        format_credits(expected),
+        "h100:1",
+        "00:01:00",
+    )
+    assert [(a["run"], a["charged"]) for a in done["attempts"]] == [(0, format_credits(expected))]
+    output = client.get(f"/api/v1/jobs/{job_id}/output?lines=5", headers=alice).get_json()
+    assert "job-says-done" in output["lines"], (output, hold.output_path)
+
+
+def test_a_refused_submission_changes_nothing(cluster: Cluster, portal: Flask, alice: dict[str, str]) -> None:
+    account = cluster.new_account(None)
+    client = portal.test_client()
+    answer = submit(client, alice, account)
+    assert answer.status_code == 402, answer.get_json()
+    error = answer.get_json()["error"]
+    assert error["code"] == "insufficient_credits"
+    assert error["message"].startswith(
+        "gpucredit: this job would cost ~0.06 credits (1×h100 × 1 min) but only "
+    ), error["message"]
+    assert cluster.run("squeue", "-h", "-A", account, "-o", "%i") == ""
+    assert cluster.run("sacct", "-n", "-X", "-P", "-A", account, "-S", "now-1hours", "-o", "JobIDRaw") == ""
+    with cluster.tx() as s:
+        assert api.holds_page(s, accounts=[account]) == []
+        account_id = s.execute(select(accounts_t.c.id).where(accounts_t.c.name == account)).scalar_one()
+        assert s.execute(entries_t.select().where(entries_t.c.account_id == account_id)).all() == []
+    assert client.get(f"/api/v1/jobs?account={account}", headers=alice).get_json()["items"] == []
+
+
+@contextmanager
+def on_premise_full(cluster: Cluster) -> Iterator[None]:
+    """Every on-premise H100 (the API's jobs go to the default partition, onprem) taken by
+    one job of another account, so a job submitted now stays queued until an admin's
+    hold can be put on it: held after it started, it would run (a race CI once lost)."""
+    payer = cluster.new_account("10")
+    every_h100 = ["-p", "onprem", "-N", "2", "--gres=gpu:h100:2", "-t", "5", "--wrap", "sleep 300"]
+    filler = cluster.box.submit(["-A", payer, *every_h100])
+    cluster.box.wait_state(filler, "RUNNING", timeout=30)
+    try:
+        yield
+    finally:
+        cluster.run("scancel", str(filler))
+        cluster.box.wait_state(filler, {"CANCELLED", "COMPLETED"}, timeout=60)
+
+
+def test_a_queued_job_cancelled_costs_nothing(cluster: Cluster, portal: Flask, alice: dict[str, str]) -> None:
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    with on_premise_full(cluster):
+        job_id = submit(client, alice, account).get_json()["job_id"]
+        cluster.run("scontrol", "hold", str(job_id))  # an admin's hold keeps it queued
+    queued = wait_for(client, alice, job_id, {"queued"})
+    assert queued["reason"] == "held by an administrator"
+    cancelled = client.delete(f"/api/v1/jobs/{job_id}", headers=alice)
+    assert cancelled.status_code == 200, cancelled.get_json()
+    cluster.box.wait_state(job_id, "CANCELLED", timeout=60)
+    final = wait_for(client, alice, job_id, {"cancelled"})
+    assert (final["cost"], final["attempts"]) == ("0.00", [])
+    assert cluster.holds(job_id, account) == []
+
+
+def test_the_accounts_manager_cancels_alices_queued_job_as_alice(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    """A PI with no Unix account here (and no Slurm coordinator role) cancels a member's
+    job from the portal: scancel runs as alice, whose job it is, and it costs nothing."""
+    account = cluster.new_account("10")
+    with cluster.tx() as s:
+        api.add_member(s, "pi-of-" + account, account, role="manager")
+        pi = bearer(api.create_token(s, "pi-of-" + account, "user")[1])
+    client = portal.test_client()
+    with on_premise_full(cluster):
+        job_id = submit(client, alice, account).get_json()["job_id"]
+        cluster.run("scontrol", "hold", str(job_id))  # an admin's hold keeps it queued
+    assert wait_for(client, pi, job_id, {"queued"})["user"] == "alice"
+    cancelled = client.delete(f"/api/v1/jobs/{job_id}", headers=pi)
+    assert cancelled.status_code == 200, cancelled.get_json()
+    cluster.box.wait_state(job_id, "CANCELLED", timeout=60)
+    [row] = sacct_runs(cluster.box, job_id, account)
+    assert row["State"] == f"CANCELLED by {pwd.getpwnam('alice').pw_uid}", row
+    assert wait_for(client, pi, job_id, {"cancelled"})["cost"] == "0.00"
+    assert cluster.holds(job_id, account) == []
+
+
+def test_a_running_job_cancelled_is_settled_to_the_second(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    job_id = submit(client, alice, account, "#!/bin/sh\nsleep 50\n").get_json()["job_id"]
+    wait_for(client, alice, job_id, {"running"})
+    time.sleep(2)  # let it run a couple of seconds, so the charge is not zero
+    cancelled = client.delete(f"/api/v1/jobs/{job_id}", headers=alice)
+    assert cancelled.status_code == 200, cancelled.get_json()
+    cluster.box.wait_state(job_id, "CANCELLED", timeout=60)
+    [hold] = cluster.settled_holds(job_id, account)
+    [row] = sacct_runs(cluster.box, job_id, account)
+    expected = charge_for(PRICES["h100"], int(row["ElapsedRaw"]))
+    assert (hold.state, hold.charged_ucredits) == ("settled", expected)
+    final = wait_for(client, alice, job_id, {"cancelled"})
+    assert final["cost"] == format_credits(expected)
+
+
+def test_another_unix_user_cannot_reach_the_submitter(cluster: Cluster, submitter: str) -> None:
+    """Only the portal's uid may connect (the socket is 0600, and the peer uid is checked
+    behind that): alice asking it directly is refused before a byte is read."""
+    probe = (
+        "import socket,sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print(type(e).__name__); sys.exit(3)\n"
+    )
+    done = cluster.box.run_as("alice", ["/usr/bin/python3", "-c", probe, submitter])
+    assert (done.returncode, done.stdout.strip()) == (3, "PermissionError"), (done.stdout, done.stderr)
