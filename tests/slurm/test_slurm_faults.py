@@ -41,7 +41,7 @@ from ledger.store.db import make_engine
 from ledger.store.schema import upgrade
 from ledger.store.tables import entries_t
 from ledger.timeutil import parse_time, utcnow
-from tests.support.cluster import PRICES, Box, Cluster, Gate, e2e_dir, is_prolog_refusal, make_box, sacct_runs
+from tests.support.cluster import PRICES, Box, Cluster, Gate, e2e_dir, make_box, sacct_runs
 from tests.support.daemon import DaemonProcess
 from tests.support.services import require
 
@@ -205,6 +205,13 @@ class Faults(Cluster):
         except FileNotFoundError:
             return []
 
+    def prolog_refused(self, job: int, run: int) -> bool:
+        """The prolog logged this run and did not hold it: it parked or refused the start.
+        (sacct's elapsed cannot say so: a refusal lasts as long as the prolog, over 1 s
+        while the ledger's database restarts.)"""
+        lines = [line for line in self.hook_lines("prolog-slurmctld", job) if f" run={run}: " in line]
+        return bool(lines) and not any(f" run={run}: hold " in line for line in lines)
+
     def wait_hook(self, hook: str, job: int, contains: str, timeout: float = 60) -> str:
         """The hook's log line for `job` containing `contains`, once it is written."""
         deadline = time.monotonic() + timeout
@@ -285,8 +292,14 @@ class Faults(Cluster):
                     state = row["State"].split()[0]
                     expected = 0 if state == "NODE_FAIL" else charge_for(jobs[job], int(row["ElapsedRaw"]))
                     hold = by_run.get(index)
-                    if hold is None:
-                        assert is_prolog_refusal(row), (job, index, row, found[job])
+                    if hold is None:  # refused: the prolog's time can pass 1 s amid a fault
+                        assert state == "REQUEUED" and self.prolog_refused(ids[job], index), (
+                            job,
+                            index,
+                            row,
+                            found[job],
+                            self.hook_lines("prolog-slurmctld", ids[job]),
+                        )
                         continue
                     assert hold.state in ("settled", "expired"), (job, row, hold)
                     assert hold.charged_ucredits == expected, (job, index, row, hold)
@@ -807,16 +820,21 @@ def test_database_restarted_amid_a_burst_of_holds_each_run_holds_once(
         states = [(r["State"], r["ElapsedRaw"]) for r in rows]
         # The run that ran holds and settles once. A refused start may still own a hold: its
         # commit went through as the database went down, so the daemon could not say so
-        # (an in-doubt commit); check() above showed it charged exactly sacct's 0-1 s.
+        # (an in-doubt commit); check() above showed it charged exactly sacct's elapsed,
+        # which is the prolog's own time and can pass 1 s while the database restarts. So
+        # the prolog's log, not the elapsed, says which run it refused.
         assert [h.run for h in holds[task] if h.state == "settled"][-1:] == [len(rows) - 1], (
             task,
             seen,
             states,
         )
-        assert all(h.run == len(rows) - 1 or is_prolog_refusal(rows[h.run]) for h in holds[task]), (
+        refused = {run for run in range(len(rows)) if faults.prolog_refused(raw[task], run)}
+        assert all(h.run == len(rows) - 1 or h.run in refused for h in holds[task]), (
             seen,
             states,
+            faults.hook_lines("prolog-slurmctld", raw[task]),
         )
+        assert all(rows[run]["State"].split()[0] == "REQUEUED" for run in refused), (states, refused)
 
 
 # --------------------------------------------------------------------------- the NVML agent killed
