@@ -9,11 +9,12 @@ comment job_submit.lua writes on the job ahead of the user's own text, which
 `scontrol show job` and `sacct -o Comment` show later.
 
 Where the site holds cloud partitions back (`[routing] burst_after_seconds`), a job
-allowed both sites is given its on-premise partitions now and its cloud ones in its
-AdminComment (`gpucredit-burst=cloud,...`), which only an operator can set: the daemon's
-burst pass (gpucredit/daemon/burst_keeper.py) adds them once the job has waited that
-long. A task array is never held back: its pending tasks share one record, which the
-pass would have to re-partition while some tasks already run.
+allowed both sites is given its on-premise partitions now and its cloud ones, with its
+cost in each, in its AdminComment (job_submit/burst_mark.py), which only an operator can
+set: the daemon's burst pass (gpucredit/daemon/burst_keeper.py) adds them once the job
+has waited that long, if the account's cloud budget still has room. A task array is
+never held back: its pending tasks share one record, which the pass would have to
+re-partition while some tasks already run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from job_submit.burst_mark import BurstMark
 from job_submit.pricing import PartitionTypes, credit_words, job_text, typed_gpus
 from job_submit.request import JobRequest, parse_submit
 from ledger.api import CostLimit, PartitionOption, Route, RoutingConfig, Snapshot, candidate_partitions, route
@@ -30,7 +32,6 @@ from ledger.money import format_credits
 from slurmtext import routed_comment
 
 TAG = "gpucredit"
-BURST_MARK = "gpucredit-burst="  # AdminComment: the cloud partitions to add later
 ALLOW_CLOUD = "add gpucredit:cloud=yes to --comment"
 # Why a partition was left out, by the ledger's verdict (ledger/pricing/routing.py).
 LEFT_OUT = {
@@ -86,7 +87,8 @@ def answer_routed(
     if first:
         answer["partition"] = ",".join(first)
     if later:
-        answer["admin_comment"] = BURST_MARK + ",".join(later)
+        costs = {o.partition: o.estimate.cost_ucredits for o in decision.allowed if o.partition is not None}
+        answer["admin_comment"] = BurstMark(sent=False, costs={name: costs[name] for name in later}).text
     return answer
 
 

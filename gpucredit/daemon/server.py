@@ -54,7 +54,15 @@ from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
 from job_submit.request import InvalidRequest, JobRequest
-from ledger.api import LockedBatch, RoutingConfig, Snapshot, SnapshotKeeper, lock_batch, parse_share
+from ledger.api import (
+    LockedBatch,
+    RoutingConfig,
+    Snapshot,
+    SnapshotKeeper,
+    cloud_budget_breach,
+    lock_batch,
+    parse_share,
+)
 from ledger.errors import InsufficientCredits, LedgerError, LimitExceeded
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import utcnow
@@ -121,7 +129,7 @@ class Daemon:
         # Cloud partitions held back at submit are added once a job has waited (burst_keeper.py).
         cloud = self.routing.cloud_partitions()
         self.burst = (
-            BurstKeeper(self.run, self.routing.burst_after_seconds, cloud)
+            BurstKeeper(self.run, self.routing.burst_after_seconds, cloud, budget=self._cloud_budget_breach)
             if self.routing.burst_after_seconds and cloud
             else None
         )
@@ -220,6 +228,18 @@ class Daemon:
             self.quotes.refill(snapshot)
         except Exception:  # the snapshot thread must go on: without it every quote goes stale
             log.exception("working the kept quotes out again failed")
+
+    def _cloud_budget_breach(
+        self, account: str, cost_ucredits: int, sent_ucredits: int
+    ) -> LimitExceeded | None:
+        """The burst pass's budget check: the month's cloud spend as of the picture (at
+        most a refresh old), what the account's jobs sent before may still spend, and
+        this job's cost there (burst_keeper.py)."""
+        budget = self.routing.cloud_budget_of(account)
+        if budget is None:
+            return None
+        spend = self.snapshots.current().cloud_spend(account)
+        return cloud_budget_breach(spend, budget, cost_ucredits, sent_ucredits=sent_ucredits)
 
     def _work_out(self, line: bytes, snapshot: Snapshot) -> dict[str, Any] | None:
         """A kept line's reply from a new picture, for the quote memo (no refresh, no metrics)."""

@@ -143,15 +143,20 @@ def spend_query(
     return rows.group_by(accounts_t.c.name)
 
 
-def cloud_budget_breach(spend: CloudSpend, budget_ucredits: int, cost_ucredits: int) -> LimitExceeded | None:
+def cloud_budget_breach(
+    spend: CloudSpend, budget_ucredits: int, cost_ucredits: int, *, sent_ucredits: int = 0
+) -> LimitExceeded | None:
     """The refusal when a job costing `cost_ucredits` would take the account past its
-    cloud budget (spent + cost > budget; exactly the budget fits), else None."""
-    if spend.spent_ucredits + cost_ucredits <= budget_ucredits:
+    cloud budget (spent + sent + cost > budget; exactly the budget fits), else None.
+    `sent_ucredits`: what the account's jobs already sent to the cloud, not yet started
+    (so neither charged nor held), may still spend there; the burst pass counts them."""
+    if spend.spent_ucredits + sent_ucredits + cost_ucredits <= budget_ucredits:
         return None
+    sent = f", sent and not started {format_credits(sent_ucredits)}" if sent_ucredits else ""
     return LimitExceeded(
         CLOUD_BUDGET,
         f"account {spend.account}: cloud budget {format_credits(budget_ucredits)} credits for "
-        f"{spend.month}, spent {format_credits(spend.spent_ucredits)}, "
+        f"{spend.month}, spent {format_credits(spend.spent_ucredits)}{sent}, "
         f"this job {format_credits(cost_ucredits)}",
         {
             "account": spend.account,
@@ -160,6 +165,7 @@ def cloud_budget_breach(spend: CloudSpend, budget_ucredits: int, cost_ucredits: 
             "spent": format_credits(spend.spent_ucredits),
             "charged": format_credits(spend.charged_ucredits),
             "held": format_credits(spend.held_ucredits),
+            "sent": format_credits(sent_ucredits),
             "cost": format_credits(cost_ucredits),
         },
     )

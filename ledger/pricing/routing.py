@@ -166,6 +166,11 @@ class RoutingConfig:
     def cloud_partitions(self) -> frozenset[str]:
         return frozenset(name for name, site in self.sites.items() if site == CLOUD)
 
+    def cloud_budget_of(self, account: str) -> int | None:
+        """The account's monthly cloud budget in micro-credits (None: it has none)."""
+        default = self.account_defaults.get(account)
+        return None if default is None else default.cloud_budget_ucredits
+
     def budget_scope(self) -> CloudBudgetScope | None:
         """The cloud partitions and the accounts with a cloud budget, for the snapshot to
         read the month's spend of; None when no account has one."""

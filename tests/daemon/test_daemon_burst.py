@@ -19,6 +19,7 @@ import pytest
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
 from gpucredit.daemon.burst_keeper import SQUEUE, BurstKeeper
 from gpucredit.daemon.server import Daemon
+from job_submit.burst_mark import BurstMark
 from ledger import api
 from ledger.errors import InvalidInput
 from ledger.pricing.routing import RoutingConfig
@@ -81,7 +82,7 @@ def test_a_job_allowed_both_sites_gets_on_premise_now_and_cloud_in_its_admin_com
         "partition": "onprem",
         "comment": "gpucredit: routed to onprem, then cloud after 600 s (cloud allowed): onprem ~2.00 "
         "allowed, cloud ~5.00 allowed | nightly",
-        "admin_comment": "gpucredit-burst=cloud",
+        "admin_comment": "gpucredit-burst=cloud:5000000",  # with its cost there, for the budget
     }
 
 
@@ -109,9 +110,9 @@ def test_nothing_is_held_back_from_a_job_that_names_its_partitions_an_array_or_o
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
 
-def line(job_id: str, waited: int, partition: str, mark: str) -> str:
+def line(job_id: str, waited: int, partition: str, mark: str, account: str = "physics") -> str:
     submitted = format_time(NOW - timedelta(seconds=waited))
-    return f"{job_id}|{submitted}|{partition}|{mark}|"
+    return f"{job_id}|{account}|{submitted}|{partition}|{mark}|"
 
 
 def keeper(squeue: list[str]) -> tuple[BurstKeeper, FakeRunner]:
@@ -119,43 +120,51 @@ def keeper(squeue: list[str]) -> tuple[BurstKeeper, FakeRunner]:
     return BurstKeeper(runner, 600, ["cloud", "burst"], clock=lambda: NOW), runner
 
 
-def update(job_id: int, partitions: str) -> tuple[str, ...]:
+def update(job_id: int, partitions: str, sent: str = "") -> tuple[str, ...]:
     return (
         "scontrol",
         "update",
         f"JobId={job_id}",
         f"Partition={partitions}",
-        "AdminComment=gpucredit-burst-sent",
+        f"AdminComment=gpucredit-burst-sent{sent}",
     )
 
 
 def test_the_pass_adds_the_held_back_cloud_partitions_once_the_wait_is_over() -> None:
     burst, runner = keeper(
         [
-            line("41", 600, "onprem", "gpucredit-burst=cloud,burst"),  # exactly the wait
-            line("42", 599, "onprem", "gpucredit-burst=cloud"),  # a second early
+            line("41", 600, "onprem", "gpucredit-burst=cloud:5000000,burst:6000000"),  # exactly the wait
+            line("42", 599, "onprem", "gpucredit-burst=cloud:5000000"),  # a second early
             line("43", 900, "onprem", "gpucredit-hold"),  # held for credit: another mark
             line("44", 900, "onprem", ""),
-            line("45", 900, "onprem", "gpucredit-burst-sent"),  # done before
+            line("45", 900, "onprem", "gpucredit-burst-sent=cloud:5000000"),  # done before
+            line("46", 900, "onprem", "gpucredit-burst=cloud"),  # marked before costs were
         ]
     )
-    runner.add(update(41, "onprem,cloud,burst"))
-    assert burst.tick() == [41]
-    assert runner.calls == [SQUEUE, update(41, "onprem,cloud,burst")]
+    runner.add(update(41, "onprem,cloud,burst", "=cloud:5000000,burst:6000000"))
+    runner.add(update(46, "onprem,cloud", "=cloud"))
+    assert burst.tick() == [41, 46]
+    assert runner.calls == [
+        SQUEUE,
+        update(41, "onprem,cloud,burst", "=cloud:5000000,burst:6000000"),
+        update(46, "onprem,cloud", "=cloud"),
+    ]
 
 
 def test_only_partitions_the_config_tags_cloud_are_ever_added(caplog: pytest.LogCaptureFixture) -> None:
     burst, runner = keeper(
         [
-            line("51", 900, "onprem", "gpucredit-burst=gpu-reserved,cloud"),
-            line("52", 900, "onprem", "gpucredit-burst=gpu-reserved"),
-            line("53", 900, "onprem,cloud", "gpucredit-burst=cloud"),  # already there
-            "54|not a time|onprem|gpucredit-burst=cloud|",
-            line("55", 900, "onprem", "gpucredit-burst=cloud"),
+            line("51", 900, "onprem", "gpucredit-burst=gpu-reserved:1,cloud:5"),
+            line("52", 900, "onprem", "gpucredit-burst=gpu-reserved:1"),
+            line("53", 900, "onprem,cloud", "gpucredit-burst=cloud:5"),  # already there
+            "54|physics|not a time|onprem|gpucredit-burst=cloud:5|",
+            line("55", 900, "onprem", "gpucredit-burst=cloud:5"),
         ]
     )
-    runner.add(update(51, "onprem,cloud"))
-    runner.add(update(55, "onprem,cloud"), FakeResponse(returncode=1, stderr="Job is no longer pending"))
+    runner.add(update(51, "onprem,cloud", "=cloud:5"))
+    runner.add(
+        update(55, "onprem,cloud", "=cloud:5"), FakeResponse(returncode=1, stderr="Job is no longer pending")
+    )
     with caplog.at_level(logging.INFO, logger="gpucredit.daemon"):
         assert burst.tick() == [51]  # 55 started meanwhile: said, and the pass goes on
     assert "bad time 'not a time'" in caplog.text
@@ -169,3 +178,25 @@ def test_a_bad_wait_stops_the_daemon_at_start_naming_the_key() -> None:
     with pytest.raises(InvalidInput, match=r"routing\.burst_after is not a routing setting"):
         RoutingConfig.from_config({"routing": {"burst_after": 600}})
     assert RoutingConfig.from_config({"routing": {"burst_after_seconds": 30}}).burst_after_seconds == 30
+
+
+@pytest.mark.parametrize(
+    ("text", "sent", "costs"),
+    [
+        ("gpucredit-burst=cloud:5000000,burst:6000000", False, {"cloud": 5_000_000, "burst": 6_000_000}),
+        ("gpucredit-burst-sent=cloud:5000000", True, {"cloud": 5_000_000}),
+        ("gpucredit-burst=cloud", False, {"cloud": None}),  # written before costs were
+        ("gpucredit-burst-sent", True, {}),
+        ("gpucredit-burst=cloud:-5,burst:1e9,cloud2:٣,big:7", False, {"big": 7}),  # never guessed
+    ],
+)
+def test_the_mark_reads_what_job_submit_and_the_pass_write(text: str, sent: bool, costs: dict) -> None:
+    mark = BurstMark.parse(text)
+    assert mark == BurstMark(sent, costs)
+    if "-5" not in text:
+        assert mark.text == text
+
+
+def test_other_admin_comments_are_no_mark() -> None:
+    for text in ("", "gpucredit-hold", "gpucredit-burst", "gpucredit-burst-sentinel=cloud:1", "site note"):
+        assert BurstMark.parse(text) is None, text

@@ -9,18 +9,22 @@ and the daemon's picture refreshed: the next quote sees the spend.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from accounting_bridge.slurm.slurmcmd import FakeRunner
+from gpucredit.daemon.burst_keeper import SQUEUE, BurstKeeper
 from gpucredit.daemon.server import Daemon
 from ledger import api
 from ledger.pricing.cloud_budget import month_of
 from ledger.timeutil import utcnow
 from slurm_hooks.client import DaemonClient
+from slurmtext import format_time
 from tests.support.daemon import NO_VAL, PARTITIONS, running, sinfo_runner
 from tests.support.fakedaemon import sockdir as sockdir
 from tests.support.lua_job_submit import INFINITE, JOB_DESC, require_lua, run_script, run_submissions
@@ -121,3 +125,42 @@ def test_past_the_budget_a_job_that_may_go_either_way_stays_on_premise(
         "comment": "gpucredit: routed to onprem (cloud allowed): onprem ~2.00 allowed, "
         "cloud ~5.00 over the account's cloud budget | nightly",
     }
+
+
+# --------------------------------------------------------------------------- the burst pass
+
+
+def test_the_burst_pass_checks_the_budget_again_counting_jobs_sent_and_not_started(
+    daemon: Daemon, tx: Callable[[], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two jobs were quoted 5.00 in the cloud when 0.00 was spent; by the time they have
+    waited, 5.00 is held. The first still fits the 10.00 budget and is sent; the second
+    would pass it, counting the first (sent, not started): it stays on-premise, said
+    once, and is looked at again each tick."""
+    now = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    submitted = format_time(now - timedelta(seconds=900))
+    waiting = [f"{job}|physics|{submitted}|onprem|gpucredit-burst=cloud:5000000|" for job in (71, 72)]
+    runner = FakeRunner({SQUEUE: "\n".join(waiting) + "\n"})
+    sent = (
+        "scontrol",
+        "update",
+        "JobId=71",
+        "Partition=onprem,cloud",
+        "AdminComment=gpucredit-burst-sent=cloud:5000000",
+    )
+    runner.add(sent)
+    burst = BurstKeeper(runner, 600, ["cloud"], budget=daemon._cloud_budget_breach, clock=lambda: now)
+    hold_in_cloud(tx, daemon, 1, 3600)()  # 5.00 held in the cloud since the quotes
+    month = month_of(utcnow())[0]
+    with caplog.at_level(logging.INFO, logger="gpucredit.daemon"):
+        assert burst.tick() == [71]
+        runner.add(
+            SQUEUE, f"71|physics|{submitted}|onprem,cloud|gpucredit-burst-sent=cloud:5000000|\n{waiting[1]}\n"
+        )
+        assert burst.tick() == []
+    assert runner.calls == [SQUEUE, sent, SQUEUE]
+    refusals = [r.getMessage() for r in caplog.records if "stays on-premise" in r.getMessage()]
+    assert refusals == [
+        f"job 72 stays on-premise: account physics: cloud budget 10.00 credits for {month}, spent 5.00, "
+        "sent and not started 5.00, this job 5.00"
+    ]

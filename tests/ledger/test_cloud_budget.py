@@ -161,8 +161,20 @@ def test_the_budget_allows_exactly_its_amount_and_not_one_micro_credit_more() ->
         "spent": "480.00",
         "charged": "470.00",
         "held": "10.00",
+        "sent": "0.00",
         "cost": "40.00",
     }
+
+
+def test_jobs_sent_to_the_cloud_and_not_started_count_against_the_budget() -> None:
+    spent = api.CloudSpend("physics", "2026-12", charged_ucredits=470_000_000, held_ucredits=10_000_000)
+    assert api.cloud_budget_breach(spent, 520_000_000, 30_000_000, sent_ucredits=10_000_000) is None
+    breach = api.cloud_budget_breach(spent, 520_000_000, 30_000_000, sent_ucredits=10_000_001)
+    assert breach is not None and breach.details["sent"] == "10.000001"
+    assert breach.message == (
+        "account physics: cloud budget 520.00 credits for 2026-12, spent 480.00, "
+        "sent and not started 10.000001, this job 30.00"
+    )
 
 
 def test_the_config_parses_the_budget_with_the_money_parser() -> None:

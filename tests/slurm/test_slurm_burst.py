@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from job_submit.burst_mark import BurstMark
+from ledger.money import format_credits
 from slurmbox.box import LOG_DIR
 from slurmbox.gpucredit_site import ROUTING_TEXT
 from tests.support.cluster import PRICES, Books, Box, Cluster, sacct_runs, submit
@@ -94,7 +96,9 @@ def test_a_job_allowed_the_cloud_waits_on_premise_then_bursts_at_the_cloud_price
     ]
     assert added >= datetime.fromisoformat(row["Submit"]) + timedelta(seconds=WAIT), (added, row)
     info = box.scontrol_job(job)
-    assert info["AdminComment"].strip() == "gpucredit-burst-sent", info
+    mark = BurstMark.parse(info["AdminComment"])  # the partitions added, each with the job's cost there
+    assert mark is not None and mark.sent and list(mark.costs) == later, info
+    assert [format_credits(cost) for cost in mark.costs.values() if cost is not None] == ["0.09"] * len(later)
     assert info["Comment"].startswith(
         f"gpucredit: routed to onprem, then {','.join(later)} after {WAIT} s"
     ), info
