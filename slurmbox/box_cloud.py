@@ -62,7 +62,8 @@ h100 = "p5.48xlarge"
 
 def slurm_conf_lines(hook_dir: str, cpus: int) -> str:
     """Power saving for cloud1 only (the on-premise nodes never suspend), its node line
-    (heavier than any on-premise node) and its partition."""
+    (heavier than any on-premise node) and its partition, below the always-on `cloud`
+    (PriorityTier 0 against 1): at equal tiers Slurm powered cloud1 up while node3 sat idle."""
     return (
         slurmconf.power_saving_lines(
             hook_dir, suspend_time_seconds=SUSPEND_TIME_SECONDS, resume_timeout_seconds=RESUME_TIMEOUT_SECONDS
@@ -71,7 +72,7 @@ def slurm_conf_lines(hook_dir: str, cpus: int) -> str:
         + "SlurmctldParameters=idle_on_node_suspend\n"
         + f"NodeName=cloud1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=6848 CPUs={cpus} RealMemory=2000 "
         + "Gres=gpu:a100:2,gpu:h100:2 Weight=100 State=CLOUD\n"
-        + f"PartitionName={PARTITION} Nodes=cloud1 PriorityTier=1 DefaultTime=01:00:00 MaxTime=1-00:00:00 "
+        + f"PartitionName={PARTITION} Nodes=cloud1 PriorityTier=0 DefaultTime=01:00:00 MaxTime=1-00:00:00 "
         + 'State=UP TRESBillingWeights="CPU=1.0,GRES/gpu:a100=10.0,GRES/gpu:h100=20.0"\n'
     )
 
