@@ -25,6 +25,7 @@ Users with a uid below `min_uid` (root, system users) are refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -310,7 +311,9 @@ def ask(path: str, request: Mapping[str, Any], timeout: float = COMMAND_TIMEOUT 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(json.dumps(dict(request)).encode() + b"\n")
+        # It may answer without reading (a refusal) and close: the answer is still there to read.
+        with contextlib.suppress(BrokenPipeError):
+            conn.sendall(json.dumps(dict(request)).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):
             chunk = conn.recv(65536)
