@@ -140,6 +140,17 @@ def job_group() -> None:
 @click.option("--workdir", "working_dir", default=None, help="absolute (default: your home)")
 @click.option("--env", "environment", multiple=True, help="NAME=VALUE, repeatable")
 @click.option(
+    "--retry",
+    "retry_max",
+    type=int,
+    default=None,
+    help="requeue it up to N times when it exits with a --retry-on code",
+)
+@click.option("--retry-on", multiple=True, help="exit:N, repeatable (an exit code to retry on)")
+@click.option(
+    "--retry-backoff", type=int, default=None, help="seconds before the first retry, doubling (default 60)"
+)
+@click.option(
     "--idempotency-key", default=None, help="default: a new one (a retry with the same key submits once)"
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -154,6 +165,9 @@ def submit_command(
     max_cost: str | None,
     working_dir: str | None,
     environment: tuple[str, ...],
+    retry_max: int | None,
+    retry_on: tuple[str, ...],
+    retry_backoff: int | None,
     idempotency_key: str | None,
     fmt: str,
 ) -> None:
@@ -177,6 +191,12 @@ def submit_command(
         if any(not sep for _name, sep, _value in pairs):
             raise click.BadParameter("NAME=VALUE", param_hint="--env")
         body["environment"] = {key: value for key, _sep, value in pairs}
+    if (
+        retry_max is not None or retry_on or retry_backoff is not None
+    ):  # the portal checks it (retry.max, ...)
+        body["retry"] = {"max": retry_max, "on": list(retry_on)}
+        if retry_backoff is not None:
+            body["retry"]["backoff_seconds"] = retry_backoff
     key = idempotency_key or str(uuid.uuid4())
     answer = call("POST", "/jobs", body, {"Idempotency-Key": key})
     if fmt == "json":

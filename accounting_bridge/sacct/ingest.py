@@ -8,6 +8,12 @@ short job ends; a job with a future ``--begin`` only once it became eligible);
 reading a run twice is harmless, because reconciliation is idempotent on
 ``(cluster, job_id, run)`` and skips runs whose Slurm record is unchanged.
 
+A run the daemon's retry pass requeued after it FAILED reads as REQUEUED in sacct, with
+its End moved to the requeue (`scontrol requeue` of a finished job), seconds after the
+GPUs were free: the round puts back the End the pass recorded from slurmctld before the
+requeue (`ledger.jobs.retries.retried_run_ends`), and the run's state, FAILED, so it is
+charged to when it ended. An End that does not fall inside the run is not used.
+
 Malformed sacct lines are never dropped silently: the round returns them with
 their line numbers, and the jobs they belong to are left for a clean read (their
 run numbers may be off). In strict mode a malformed line stops the round before
@@ -18,7 +24,8 @@ moves after a round completed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,8 +40,9 @@ from accounting_bridge.sacct.reconcile import (
     reconcile_runs,
 )
 from accounting_bridge.slurm.backends import JobSource
-from accounting_bridge.slurm.records import ParseError
+from accounting_bridge.slurm.records import ParseError, SacctRun
 from ledger.jobs import jobruns
+from ledger.jobs.retries import retried_run_ends
 from ledger.timeutil import format_time
 
 __all__ = [
@@ -51,6 +59,31 @@ CURSOR_NAME = "sacct"
 DEFAULT_OVERLAP = timedelta(minutes=10)
 # With no cursor yet (first start) and no --since, look back this far.
 DEFAULT_FIRST_WINDOW = timedelta(days=1)
+
+
+def with_retried_ends(session_factory: SessionFactory, runs: Sequence[SacctRun]) -> list[SacctRun]:
+    """`runs`, each one the retry pass requeued given back its real End and state (above)."""
+    requeued = {(run.cluster, run.job_id) for run in runs if run.state == "REQUEUED"}
+    ends: dict[tuple[str, int, int], datetime] = {}
+    if requeued:
+        with session_factory() as s:
+            for cluster in {cluster for cluster, _ in requeued}:
+                ids = [job_id for c, job_id in requeued if c == cluster]
+                for (job_id, index), at in retried_run_ends(s, cluster, ids).items():
+                    ends[(cluster, job_id, index)] = at
+    fixed = []
+    for run in runs:
+        ended = ends.get(run.key) if run.state == "REQUEUED" else None
+        if (
+            ended is not None
+            and run.start is not None
+            and run.end is not None
+            and run.start <= ended <= run.end
+        ):
+            elapsed = int((ended - run.start).total_seconds())
+            run = replace(run, state="FAILED", end=ended, elapsed_seconds=elapsed)
+        fixed.append(run)
+    return fixed
 
 
 def read_cursor(s: Session, name: str = CURSOR_NAME) -> datetime | None:
@@ -141,7 +174,7 @@ def ingest_round(
         return result
     result.summary = reconcile_runs(
         session_factory,
-        parsed.runs,
+        with_retried_ends(session_factory, parsed.runs),
         policy,
         suspect_job_ids=parsed.suspect_job_ids,
         now=now,

@@ -50,6 +50,7 @@ from gpucredit.daemon.group_commit import BatchFailed, GroupCommitter, Pending, 
 from gpucredit.daemon.limits_keeper import LimitsKeeper
 from gpucredit.daemon.outage_keeper import OutageKeeper
 from gpucredit.daemon.quote_memo import QuoteMemo
+from gpucredit.daemon.retry_keeper import RetryKeeper
 from gpucredit.daemon.slurm_facts import SlurmFacts
 from gpucredit.daemon.socket_loop import Reply, SocketLoop
 from job_submit import answer
@@ -72,6 +73,7 @@ log = logging.getLogger("gpucredit.daemon")
 MAX_REQUEST_BYTES = 64 * 1024
 LISTEN_BACKLOG = 128
 FULL_SCAN_SECONDS = 60.0
+RETRY_PASS_SECONDS = 5.0  # how late a failed job is requeued at most (then its backoff)
 
 
 def top_up_hint(config: dict[str, Any]) -> str:
@@ -133,6 +135,8 @@ class Daemon:
             if self.routing.burst_after_seconds and cloud
             else None
         )
+        # Jobs submitted with a retry policy are requeued on the failures it names (retry_keeper.py).
+        self.retries = RetryKeeper(self.run, self.sessions, str(config["slurm"]["cluster"]))
         # Jobs held for credit or a limit: job id -> the hold requests of its parts (None
         # until squeue has been read), so a release round can tell, without Slurm, whether
         # anything may be released now (see release_loop).
@@ -483,6 +487,8 @@ class Daemon:
         if self.burst is not None:  # a quarter of the wait late at most, within 30 s
             every = min(max(release_interval or 2.0, self.routing.burst_after_seconds / 4), 30.0)
             threading.Thread(target=self.burst.run_forever, args=(stop, every), daemon=True).start()
+        every = max(release_interval or 2.0, RETRY_PASS_SECONDS)
+        threading.Thread(target=self.retries.run_forever, args=(stop, every), daemon=True).start()
         self.agents = _agent_receiver(self.config, self.sessions, owner, stop)
         port = daemon_metrics.metrics_port(self.config)
         stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)

@@ -430,6 +430,46 @@ class JobRun(Base):
     ingested_at: Mapped[Timestamp]
 
 
+class RetryPolicy(Base):
+    """A job's retry policy, kept when the portal submitted it (ledger.jobs.retries).
+
+    Keyed by (cluster, job id) and when it was kept: Slurm reuses job ids, and a policy
+    kept before a job's submission belongs to an earlier job of that id."""
+
+    __tablename__ = "retry_policies"
+    __table_args__ = (
+        CheckConstraint("max_retries BETWEEN 1 AND 10", name="max_retries"),
+        CheckConstraint("backoff_seconds BETWEEN 0 AND 3600", name="backoff_seconds"),
+        Index(None, "cluster", "job_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    user: Mapped[Name]
+    max_retries: Mapped[int] = mapped_column(Integer)
+    retry_on: Mapped[str] = mapped_column(String(512))  # comma-separated failures
+    backoff_seconds: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[Timestamp]
+
+
+class Retry(Base):
+    """One retry the daemon decided: the run that failed, why, and when the next may start.
+    Written before the daemon acts, once per failed run."""
+
+    __tablename__ = "retries"
+    __table_args__ = (UniqueConstraint("policy_id", "run"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("retry_policies.id"))
+    run: Mapped[int] = mapped_column(Integer)
+    cause: Mapped[str] = mapped_column(String(32))
+    # When the failed run really ended: Slurm moves its End to the requeue (the bridge's fix).
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    not_before: Mapped[Timestamp]
+    created_at: Mapped[Timestamp]
+
+
 class Cursor(Base):
     """Where an incremental reader (e.g. `bridge sacct`) stopped; restart-safe."""
 

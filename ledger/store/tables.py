@@ -22,6 +22,8 @@ inside the ledger: other packages read and change money through `ledger.api`
     portal_users_t    portal logins
     tokens_t          API tokens (their hashes)
     spent_credentials_t  MUNGE credentials the portal accepted, until they expire
+    retry_policies_t  jobs' retry policies, kept when the portal submitted them
+    retries_t         each retry the daemon decided, one per failed run
     payments_t        credit bought, pending until paid
     payment_events_t  each payment provider event, once
     pools_t           parents sharing their credit with their children
@@ -51,6 +53,8 @@ from ledger.store.models import (
     PortalUser,
     Posting,
     Price,
+    Retry,
+    RetryPolicy,
     SpentCredential,
     table_of,
 )
@@ -72,6 +76,8 @@ gpu_usage_t = table_of(GpuUsage)
 portal_users_t = table_of(PortalUser)
 tokens_t = table_of(ApiToken)
 spent_credentials_t = table_of(SpentCredential)
+retry_policies_t = table_of(RetryPolicy)
+retries_t = table_of(Retry)
 payments_t = table_of(Payment)
 payment_events_t = table_of(PaymentEvent)
 pools_t = table_of(Pool)

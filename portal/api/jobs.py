@@ -30,6 +30,46 @@ USERS = ("user", "admin")
 MAX_OUTPUT_LINES = 1000
 API_STATES = ("queued", "running", "completed", "failed", "cancelled", "timeout", "node_fail", "preempted")
 
+RETRY_POLICY = {
+    "type": "object",
+    "description": "requeue the job when it exits with one of these codes, up to max times, waiting "
+    "backoff_seconds doubled each time (at most an hour); each attempt is charged as a run of its own",
+    "required": ["max", "on"],
+    "additionalProperties": False,
+    "properties": {
+        "max": {"type": "integer", "minimum": 1, "maximum": 10},
+        "on": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 16,
+            "items": {"type": "string", "pattern": r"^exit:[1-9][0-9]{0,2}$"},
+            "example": ["exit:75"],
+        },
+        "backoff_seconds": {"type": "integer", "minimum": 0, "maximum": 3600, "default": 60},
+    },
+}
+RETRY = nullable(
+    obj(
+        ["max", "on", "backoff_seconds", "done", "retries"],
+        {
+            "max": {"type": "integer"},
+            "on": {"type": "array", "items": {"type": "string"}},
+            "backoff_seconds": {"type": "integer"},
+            "done": {"type": "integer", "description": "retries decided so far"},
+            "retries": {
+                "type": "array",
+                "items": obj(
+                    ["after_run", "cause", "not_before"],
+                    {
+                        "after_run": {"type": "integer"},
+                        "cause": {"type": "string"},
+                        "not_before": {"type": "string", "format": "date-time"},
+                    },
+                ),
+            },
+        },
+    )
+)
 SUBMIT = body_schema(
     ["account", "script", "gpus", "time_limit"],
     {
@@ -59,6 +99,7 @@ SUBMIT = body_schema(
             "additionalProperties": {"type": "string", "maxLength": 65536},
             "maxProperties": 64,
         },
+        "retry": RETRY_POLICY,
     },
 )
 SUBMIT["example"] = {
@@ -96,6 +137,7 @@ JOB = obj(
         "cost": {"type": "string", "description": "the ledger's charge so far, then final"},
         "estimated_total": nullable({"type": "string"}),
         "attempts": {"type": "array", "items": ATTEMPT},
+        "retry": RETRY,
     },
 )
 SUBMITTED = obj(
@@ -105,6 +147,7 @@ SUBMITTED = obj(
         "state": {"type": "string", "enum": ["queued"]},
         "quote": {"type": "object"},
         "message": {"type": "string", "description": "job_submit's words, as sbatch printed them"},
+        "retry": {**RETRY_POLICY, "required": ["max", "on", "backoff_seconds"]},
     },
 )
 PAGE = obj(
@@ -164,7 +207,8 @@ def list_jobs(call: Call) -> Any:
             and (call.page.cursor is None or job.job_id < call.page.cursor)
         ]
         shown = jobs[: call.page.limit]
-        items = [service.job_view(s, job, now) for job in shown]
+        retries = service.retries_of(s, shown)
+        items = [service.job_view(s, job, now, retries) for job in shown]
     more = len(jobs) > call.page.limit
     return {"items": items, "next_cursor": str(shown[-1].job_id) if more else None}
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import slurmtext
 from ledger.errors import InsufficientCredits, InvalidInput, LedgerError, LimitExceeded
+from ledger.jobs.retries import RetryPolicy
 from portal.jobs.submitter import ask
 
 COMMAND_TIMEOUT = 30.0
@@ -119,6 +120,7 @@ class JobSpec:
     environment: dict[str, str] = field(default_factory=dict)
     max_cost: str | None = None  # credits: job_submit routes under it (gpucredit:max_cost=)
     cloud: str | None = None  # "yes" | "no": may job_submit route it to the cloud (gpucredit:cloud=)
+    retry: RetryPolicy | None = None  # kept in the ledger; the daemon's retry pass acts on it
 
     def as_request(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"account": self.account, "gpus": self.gpus, "time_limit": self.time_limit}
@@ -127,6 +129,8 @@ class JobSpec:
                 spec[name] = getattr(self, name)
         if self.environment:
             spec["environment"] = dict(self.environment)
+        if self.retry is not None:  # Slurm requeues only a requeueable job (retry_keeper.py)
+            spec["requeue"] = "yes"
         return spec
 
 
@@ -152,6 +156,7 @@ class SlurmJob:
     started_at: datetime | None
     ended_at: datetime | None
     elapsed_seconds: int | None = None
+    restarts: int = 0  # squeue's RestartCnt: runs before the current one (sacct: not read)
 
 
 class JobBackend(Protocol):
@@ -282,6 +287,7 @@ def squeue_job(row: dict[str, str]) -> SlurmJob:
         submitted_at=slurmtext.parse_time(row["SubmitTime"]),
         started_at=slurmtext.parse_time(row["StartTime"]) if state != "queued" else None,
         ended_at=slurmtext.parse_time(row["EndTime"]) if state not in ("queued", "running") else None,
+        restarts=int(row["RestartCnt"]) if row["RestartCnt"].isdigit() else 0,
     )
 
 

@@ -15,7 +15,7 @@ hold's charge); nothing here prices anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,8 +24,9 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import NotFound
+from ledger.jobs.retries import JobRetries, job_retries, keep_retry_policy
 from ledger.money import format_credits
-from ledger.timeutil import format_time
+from ledger.timeutil import format_time, utcnow
 from portal.auth import Forbidden, Principal, accounts_of, own_user
 from portal.jobs.backend import JobBackend, JobSpec, SlurmJob, SubmitterBackend
 from portal.jobs.spec import member_of, quote_spec
@@ -108,6 +109,9 @@ def submit(
     submitted = backend_of(current_app).submit(who.user, spec)
     result = {"job_id": submitted.job_id, "state": "queued", "quote": quote, "message": submitted.message}
     with transaction() as s:
+        if spec.retry is not None:  # its user and time tell this job from an older one of its id
+            keep_retry_policy(s, _cluster(), submitted.job_id, who.user, spec.retry, utcnow())
+            result["retry"] = spec.retry.as_dict()
         api.keep_result(s, spec.account, key, "job_submit", keyed_body, result)
     return result
 
@@ -154,21 +158,43 @@ def tail_of(who: Principal, job: SlurmJob, holds: list[api.HoldState], lines: in
 
 
 def job_holds(s: Session, job: SlurmJob) -> list[api.HoldState]:
-    """The ledger's holds of this job (ids are reused: its account's, taken after it was
-    submitted), by run."""
-    holds = api.find_job_holds(s, _cluster(), job.job_id)
-    after = job.submitted_at
-    mine = [
-        h
-        for h in holds
-        if h.account == job.account and (after is None or h.started_at is None or h.started_at >= after)
-    ]
-    return sorted(mine, key=lambda h: h.run)
+    """The ledger's holds of this job, by run. Ids are reused, and a requeue moves the
+    job's SubmitTime: its holds are its account's newest run of that id and the runs
+    before it (runs count up from 0 within one job), as long as that newest run started
+    after the job's (latest) submission or is one of the runs before the current one."""
+    holds = [h for h in api.find_job_holds(s, _cluster(), job.job_id) if h.account == job.account]
+    holds.sort(key=lambda h: (h.started_at is None, h.started_at, h.run))
+    chain: list[api.HoldState] = []
+    for hold in reversed(holds):
+        if chain and hold.run >= chain[-1].run:
+            break
+        chain.append(hold)
+    if not chain:
+        return []
+    newest, after = chain[0], job.submitted_at
+    current = after is None or newest.started_at is None or newest.started_at >= after
+    return sorted(chain, key=lambda h: h.run) if current or newest.run < job.restarts else []
 
 
-def job_view(s: Session, job: SlurmJob, now: datetime) -> dict[str, Any]:
+def retries_of(s: Session, jobs: Sequence[SlurmJob]) -> dict[int, JobRetries]:
+    """The retry policies of these jobs that have one (an older job's of the same id is
+    not theirs), in one read."""
+    found = job_retries(s, _cluster(), [job.job_id for job in jobs])
+    return {
+        job.job_id: kept
+        for job in jobs
+        if (kept := found.get(job.job_id)) is not None
+        and (job.submitted_at is None or kept.belongs_to(job.user, job.submitted_at))
+    }
+
+
+def job_view(
+    s: Session, job: SlurmJob, now: datetime, retries: Mapping[int, JobRetries] | None = None
+) -> dict[str, Any]:
     """A job as the API and the pages show it: Slurm's state and reason, the ledger's
-    cost (so far while it runs, then final) and its attempts with their charges."""
+    cost (so far while it runs, then final), its attempts with their charges and its
+    retry policy. `retries`: a whole page's (`retries_of`), else this job's is read."""
+    retry = (retries if retries is not None else retries_of(s, [job])).get(job.job_id)
     holds = job_holds(s, job)
     cost = 0
     attempts = []
@@ -204,6 +230,7 @@ def job_view(s: Session, job: SlurmJob, now: datetime) -> dict[str, Any]:
         "cost": format_credits(cost),
         "estimated_total": format_credits(latest.amount_ucredits) if running and latest else None,
         "attempts": attempts,
+        "retry": None if retry is None else retry.as_dict(),
     }
 
 

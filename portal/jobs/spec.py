@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import InvalidInput, LedgerError
+from ledger.jobs.retries import RetryPolicy
 from ledger.timeutil import parse_slurm_duration
 from portal.auth import Principal, accounts_of
 from portal.jobs.backend import JobSpec
@@ -96,6 +97,9 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
             ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
         ):
             raise refuse("environment", f"{name} may not be set")
+    retry = body.get("retry")
+    if retry is not None and not isinstance(retry, dict):
+        raise refuse("retry", "must be an object: max, on, backoff_seconds")
     spec = JobSpec(
         account=body["account"],
         script=body.get("script", ""),
@@ -108,6 +112,7 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
         environment=dict(body.get("environment") or {}),
         max_cost=body.get("max_cost"),
         cloud=body.get("cloud"),
+        retry=None if retry is None else RetryPolicy.from_body(retry),
     )
     return spec, seconds
 

@@ -52,6 +52,7 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_COST = re.compile(r"^[0-9]{1,13}(\.[0-9]{1,6})?$")
 MEMORY = re.compile(r"^[0-9]{1,9}[KMGT]?$")
 CLOUD = re.compile(r"^(yes|no)$")  # may job_submit route it to a cloud partition
+REQUEUE = re.compile(r"^yes$")  # a job with a retry policy: requeueable, for the daemon's retry pass
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 REFUSED_ENV_PREFIXES = ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
 MAX_ENV = 64
@@ -112,6 +113,7 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
     memory = _text(spec, "memory", MEMORY)
     max_cost = _text(spec, "max_cost", MAX_COST)
     cloud = _text(spec, "cloud", CLOUD)
+    requeue = _text(spec, "requeue", REQUEUE)
     cpus = spec.get("cpus")
     if cpus is not None and (
         not isinstance(cpus, int) or isinstance(cpus, bool) or not 1 <= cpus <= MAX_CPUS
@@ -124,6 +126,8 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
         options += ["-c", str(cpus)]
     if memory is not None:
         options += ["--mem", memory]
+    if requeue == "yes":
+        options += ["--requeue"]
     # job_submit's directives (slurmtext.comment_directives), one word
     directives = [f"{key}={value}" for key, value in (("max_cost", max_cost), ("cloud", cloud)) if value]
     if directives:

@@ -35,7 +35,9 @@ def my_jobs() -> Any:
         jobs = service.visible_jobs(s, who, account)
         live = [job for job in jobs if job.state in service.LIVE_STATES]
         ended = [job for job in jobs if job.state not in service.LIVE_STATES]
-        shown = [service.job_view(s, job, now) for job in [*live, *ended[: page_size()]]]
+        page = [*live, *ended[: page_size()]]
+        retries = service.retries_of(s, page)
+        shown = [service.job_view(s, job, now, retries) for job in page]
     cancellable = {job.job_id for job in live if service.may_cancel(who, job, roles.get(job.account))}
     return render_template(
         "pages/my_jobs.html",

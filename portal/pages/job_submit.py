@@ -32,7 +32,20 @@ from portal.pages import bp
 from portal.pages.quote import priced_gpu_types
 from portal.store import transaction
 
-TEXT_FIELDS = ("account", "gres", "count", "time_limit", "name", "cpus", "memory", "max_cost", "cloud")
+TEXT_FIELDS = (
+    "account",
+    "gres",
+    "count",
+    "time_limit",
+    "name",
+    "cpus",
+    "memory",
+    "max_cost",
+    "cloud",
+    "retry_max",
+    "retry_on",
+    "retry_backoff_seconds",
+)
 REQUEST_KEY = re.compile(r"^[0-9a-f]{32}$")
 SCRIPT = "#!/bin/bash\n"
 DEFAULTS = {"count": "1", "time_limit": "01:00:00", "script": SCRIPT}
@@ -63,9 +76,17 @@ def _body(form: dict[str, str], *, script: bool) -> dict[str, Any]:
         if form[key]:
             body[key] = form[key]
     if form["cpus"]:
-        digits = form["cpus"].isdigit() and len(form["cpus"]) <= 6
-        body["cpus"] = int(form["cpus"]) if digits else form["cpus"]
+        body["cpus"] = _whole(form["cpus"])
+    if form["retry_max"] or form["retry_on"]:  # the ledger's rule checks it (retry.max, retry.on)
+        body["retry"] = {"max": _whole(form["retry_max"]), "on": form["retry_on"].replace(",", " ").split()}
+        if form["retry_backoff_seconds"]:
+            body["retry"]["backoff_seconds"] = _whole(form["retry_backoff_seconds"])
     return body
+
+
+def _whole(text: str) -> int | str:
+    """A number field's value: digits as an int, anything else as text for the check to refuse."""
+    return int(text) if text.isdigit() and len(text) <= 6 else text
 
 
 def _preview(who: Principal, body: dict[str, Any], *, script: bool) -> tuple[JobSpec, int, dict[str, Any]]:

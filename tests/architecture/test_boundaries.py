@@ -35,6 +35,7 @@ PUBLIC: dict[str, frozenset[str] | None] = {
     "ledger.api": None,  # money: every read and change
     "ledger.jobs.jobruns": None,  # the bridge's projections (job_runs, cursors) and bulk hold reads
     "ledger.jobs.jobrun_records": None,  # the bridge's one compact read of stored runs per batch
+    "ledger.jobs.retries": None,  # jobs' retry policies: the portal keeps them, the daemon acts
     "ledger.errors": None,
     "ledger.money": frozenset({"format_credits", "parse_credits", "format_rate"}),  # the edge only
     "ledger.timeutil": None,
@@ -238,7 +239,7 @@ FLOOR_PLAN: dict[str, frozenset[str]] = {
     "ledger.pricing": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.limits"}),
     "ledger.holds": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.limits", "ledger.pricing"}),
     "ledger.views": frozenset({"ledger", "ledger.store", "ledger.books", "ledger.pricing", "ledger.holds"}),
-    "ledger.jobs": frozenset({"ledger", "ledger.store", "ledger.pricing"}),  # the bridge's job runs
+    "ledger.jobs": frozenset({"ledger", "ledger.store", "ledger.pricing"}),  # job runs, retry policies
     "ledger.access": frozenset({"ledger", "ledger.store", "ledger.books"}),  # roles, logins, tokens
     "ledger.api": frozenset(
         {

@@ -10,12 +10,14 @@ import pwd
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from ledger import api
+from ledger.jobs.retries import RetryPolicy
 from ledger.store.db import make_engine, make_sessionmaker
 from ledger.timeutil import format_time
 from portal.auth import hash_password
@@ -177,6 +179,17 @@ def test_a_refusal_shows_the_ledgers_code_and_sbatchs_words_and_submits_nothing(
         ({"cloud": "maybe"}, "cloud", "cloud: must be yes or no"),
         ({"count": "x"}, "gpus", "gpus: must be TYPE:N, like h100:1"),
         ({"account": "chemistry"}, "account", "account: bob is not a member of account chemistry"),
+        ({"retry_on": "exit:75"}, "retry.max", "retry.max: must be a whole number from 1 to 10"),
+        (
+            {"retry_max": "2", "retry_on": "oom"},
+            "retry.on",
+            "retry.on: 'oom' is not exit:1..255",
+        ),
+        (
+            {"retry_max": "2", "retry_on": "exit:75", "retry_backoff_seconds": "soon"},
+            "retry.backoff_seconds",
+            "retry.backoff_seconds: must be whole seconds from 0 to 3600",
+        ),
     ],
 )
 def test_bad_input_names_the_field_and_submits_nothing(
@@ -294,6 +307,23 @@ def test_cancel_goes_back_to_where_the_button_was(login_as: LoginAs, fake: FakeB
     assert shown.one(role="status").text == "Job 1004 cancelled; it is now cancelled."
     assert shown.text("state") == "cancelled"
     assert cancel_buttons(shown) == set() and not shown.all(http_equiv="refresh")
+
+
+def test_a_job_submitted_with_retries_shows_its_policy_and_is_requeueable(
+    login_as: LoginAs, fake: FakeBackend
+) -> None:
+    client = login_as("bob")
+    retry = {"retry_max": "2", "retry_on": "exit:75, exit:1", "retry_backoff_seconds": "30"}
+    preview = page(client, "/my-jobs/new/preview?" + urlencode({**FORM, **retry}))
+    assert preview.text("sbatch").endswith(" --requeue --comment=gpucredit:max_cost=25,cloud=yes job.sh")
+    sent = post(client, "/my-jobs/new", {**FORM, **retry, "action": "submit"})
+    assert (sent.status_code, sent.headers["Location"]) == (302, "/my-jobs/5001")
+    [(_, spec)] = fake.submits
+    assert spec.retry == RetryPolicy(2, ("exit:75", "exit:1"), 30)
+    assert page(client, "/my-jobs/5001").text("retry") == (
+        "Retried on exit:75, exit:1, up to 2 times (the first after 30 s, each later one twice as long): "
+        "0 so far."
+    )
 
 
 def test_a_jobs_page_shows_its_timeline_attempts_and_the_ledgers_cost(

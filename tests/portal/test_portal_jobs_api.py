@@ -224,3 +224,51 @@ def test_the_running_jobs_cost_grows_from_the_ledger(
     assert running["state"] == "running"
     assert running["estimated_total"] == "14.40"  # 1×h100 at 3.60 for its 4 h limit
     assert running["attempts"][0]["state"] == "running" and running["attempts"][0]["ended_at"] is None
+
+
+def test_a_retry_policy_is_kept_with_the_job_and_slurms_own_requeue_is_off(
+    client: FlaskClient, site: Site, fake: FakeBackend
+) -> None:
+    retry = {"max": 2, "on": ["exit:75", "exit:1"], "backoff_seconds": 30}
+    answer = post(client, site, "bob", {**BODY, "retry": retry})
+    assert answer.status_code == 201, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    assert answer.get_json()["retry"] == retry
+    [(_, spec)] = fake.submits
+    assert spec.as_request()["requeue"] == "yes"  # sbatch --requeue: Slurm requeues only such a job
+    shown = client.get(f"/api/v1/jobs/{job_id}", headers=bearer(site.tokens["bob"])).get_json()
+    assert shown["retry"] == {**retry, "done": 0, "retries": []}
+    listed = client.get("/api/v1/jobs?account=physics", headers=bearer(site.tokens["bob"])).get_json()
+    assert [job["retry"] for job in listed["items"] if job["job_id"] == job_id] == [shown["retry"]]
+    plain = post(client, site, "bob", BODY).get_json()
+    assert "requeue" not in fake.submits[-1][1].as_request()
+    assert (
+        client.get(f"/api/v1/jobs/{plain['job_id']}", headers=bearer(site.tokens["bob"])).get_json()["retry"]
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("retry", "field"),
+    [
+        ({"max": 0, "on": ["exit:75"]}, "retry.max"),
+        ({"max": 11, "on": ["exit:75"]}, "retry.max"),
+        ({"max": 1, "on": []}, "retry.on"),
+        ({"max": 1, "on": ["exit:256"]}, "retry.on"),  # past the schema's pattern: the ledger's rule
+        ({"max": 1, "on": ["timeout"]}, "retry.on[0]"),
+        ({"max": 1, "on": ["node_fail"]}, "retry.on[0]"),  # Slurm's own to retry
+        ({"max": 1, "on": ["exit:75"], "backoff_seconds": 3601}, "retry.backoff_seconds"),
+        ({"max": 1, "on": ["exit:75"], "forever": True}, "retry.forever"),
+        ("twice", "retry"),
+    ],
+)
+def test_a_bad_retry_policy_is_refused_naming_its_field_and_nothing_is_submitted(
+    client: FlaskClient, site: Site, fake: FakeBackend, retry: Any, field: str
+) -> None:
+    """The schema's words (the ledger's own, for callers past the schema: tests/ledger/test_retries.py)."""
+    answer = post(client, site, "bob", {**BODY, "retry": retry})
+    assert answer.status_code == 422, answer.get_json()
+    error = answer.get_json()["error"]
+    assert (error["code"], error["details"]["field"]) == ("invalid_input", field), error
+    assert error["message"].startswith(f"{field}: "), error
+    assert fake.submits == []

@@ -13,6 +13,7 @@ from flask import Flask
 from werkzeug.serving import make_server
 
 from gpucredit.cli import _build
+from ledger.jobs.retries import RetryPolicy
 from tests.support.fake_jobs import FakeBackend
 from tests.support.portal import Site
 
@@ -97,3 +98,25 @@ def test_a_refusal_prints_the_apis_code_and_words_and_exits_non_zero(
     assert backend.submits == []
     code, _out, err = run(url, site.tokens["bob"], "show", "1001")
     assert (code, err) == (1, "Error: not_found: job 1001 does not exist\n")
+
+
+def test_submit_with_retries_sends_the_policy(
+    served: tuple[str, FakeBackend], site: Site, tmp_path: Path
+) -> None:
+    url, backend = served
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\npython train.py\n")
+    base = ["submit", str(script), "-A", "physics", "--gpus", "h100:1", "--time", "00:01:00"]
+    code, out, err = run(
+        url, site.tokens["bob"], *base, "--retry", "3", "--retry-on", "exit:75", "--retry-backoff", "10"
+    )
+    assert (code, out) == (0, "Submitted job 5001\n"), err
+    code, out, err = run(url, site.tokens["bob"], *base, "--retry", "2", "--retry-on", "exit:1")
+    assert code == 0, err
+    assert [spec.retry for _user, spec in backend.submits] == [
+        RetryPolicy(3, ("exit:75",), 10),
+        RetryPolicy(2, ("exit:1",), 60),
+    ]
+    code, out, err = run(url, site.tokens["bob"], *base, "--retry", "11", "--retry-on", "exit:1")
+    assert code != 0 and "retry.max" in err, (out, err)
+    assert len(backend.submits) == 2

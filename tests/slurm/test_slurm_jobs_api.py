@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,11 +23,13 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from ledger import api
+from ledger.jobs.retries import job_retries
 from ledger.money import charge_for, format_credits
 from ledger.store.tables import accounts_t, entries_t
 from portal.jobs.backend import SubmitterBackend
 from portal.jobs.submitter import Submitter, serve
 from slurmbox import SlurmBox
+from slurmtext import parse_time
 from tests.support.cluster import PRICES, Cluster, sacct_runs
 from tests.support.portal import bearer, make_app
 
@@ -238,3 +241,57 @@ def test_another_unix_user_cannot_reach_the_submitter(cluster: Cluster, submitte
     )
     done = cluster.box.run_as("alice", ["/usr/bin/python3", "-c", probe, submitter])
     assert (done.returncode, done.stdout.strip()) == (3, "PermissionError"), (done.stdout, done.stderr)
+
+
+def test_a_run_that_exits_75_is_retried_after_its_backoff_and_each_attempt_is_charged(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    """The daemon's retry pass requeues the failed run (submitted --requeue: Slurm requeues
+    no other job) to start no sooner than its backoff; the second run succeeds. Each run
+    has its own hold. Requeueing moves the failed run's End in sacct to the requeue; the
+    bridge charges it to when it really ended, which the pass recorded."""
+    since = datetime.now(UTC)
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    script = '#!/bin/sh\nsleep 2\n[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] || exit 75\necho second-time-lucky\n'
+    body = {
+        "account": account,
+        "script": script,
+        "gpus": "h100:1",
+        "time_limit": "00:01:00",
+        "retry": {"max": 2, "on": ["exit:75"], "backoff_seconds": 5},
+    }
+    answer = client.post("/api/v1/jobs", json=body, headers=alice)
+    assert answer.status_code == 201, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    assert cluster.box.scontrol_job(job_id)["Requeue"] == "1"
+    cluster.box.wait_state(job_id, "COMPLETED", timeout=150)
+    cluster.settled_holds(job_id, account, runs=2)
+    rows = sacct_runs(cluster.box, job_id, account)
+    assert [(row["State"].split()[0], row["ExitCode"]) for row in rows] == [
+        ("REQUEUED", "75:0"),
+        ("COMPLETED", "0:0"),
+    ]
+    # Slurm's own times: the second run began at least the backoff after the first ended.
+    ended, began = (datetime.fromisoformat(rows[0]["End"]), datetime.fromisoformat(rows[1]["Start"]))
+    assert began >= ended + timedelta(seconds=5), rows
+    with cluster.tx() as s:
+        [retry] = job_retries(s, "lab", [job_id])[job_id].retries
+    assert (retry.run, retry.cause) == (0, "exit:75")
+    assert retry.ended_at is not None
+    started = parse_time(rows[0]["Start"])  # as the bridge reads sacct's local times
+    assert started is not None
+    really = int((retry.ended_at - started).total_seconds())
+    assert 2 <= really <= int(rows[0]["ElapsedRaw"]), (retry, rows)
+    cluster.bridge_sacct(since)
+    holds = cluster.holds(job_id, account)
+    assert [(h.run, h.state, h.charged_ucredits) for h in holds] == [
+        (0, "settled", charge_for(PRICES["h100"], really)),  # not sacct's, which runs to the requeue
+        (1, "settled", charge_for(PRICES["h100"], int(rows[1]["ElapsedRaw"]))),
+    ]
+    done = wait_for(client, alice, job_id, {"completed"})
+    assert [(a["run"], a["charged"]) for a in done["attempts"]] == [
+        (h.run, format_credits(h.charged_ucredits)) for h in holds
+    ]
+    assert done["cost"] == format_credits(sum(h.charged_ucredits for h in holds))
+    assert (done["retry"]["done"], [r["cause"] for r in done["retry"]["retries"]]) == (1, ["exit:75"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accounting_bridge.slurm.slurmcmd import FakeRunner
+from gpucredit.daemon.retry_keeper import SQUEUE as RETRY_SQUEUE
 from gpucredit.daemon.server import Daemon
 from gpucredit.daemon.slurm_facts import SINFO_ARGV
 from ledger.config import load_config
@@ -36,7 +37,8 @@ HINT = "Top up: gpucredit topup {account} AMOUNT."
 
 
 def sinfo_runner() -> FakeRunner:
-    return FakeRunner({SINFO_ARGV: SINFO})
+    """Slurm's partitions, and no failed job for the retry pass."""
+    return FakeRunner({SINFO_ARGV: SINFO, RETRY_SQUEUE: ""})
 
 
 @contextlib.contextmanager

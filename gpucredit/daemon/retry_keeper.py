@@ -1,0 +1,152 @@
+"""The retry pass: a job whose run failed with an exit code its retry policy names is requeued,
+after a backoff (ledger.jobs.retries holds the policies and the rule; docs/api.md, "Retries").
+
+Every tick the daemon lists the jobs slurmctld still holds as FAILED (`squeue --Format`,
+no free text asked: MinJobAge keeps a finished job there, 300 s by default), reads the
+policies of those jobs in one query, and for each covered exit code with retries left
+records the retry (keyed by the failed run, so it is decided once), commits, and runs
+
+    scontrol requeue N
+    scontrol update JobId=N StartTime=now+BACKOFF
+
+The job runs again as a new run: its prolog takes a new hold, and the failed run's
+charge stands. Requeueing a finished job moves its End in sacct to the requeue, seconds
+after the failure; the retry records the End slurmctld showed before, and the bridge
+charges the run to it (accounting_bridge/sacct/ingest.py).
+
+Slurm requeues only a requeueable job ("Requested operation is presently disabled"
+otherwise, and a finished job's flag cannot be changed), so the portal submits a job
+with a policy `--requeue`: a node failure is then requeued by Slurm itself
+and refunded, as any requeueable job's. A start the prolog parked because the ledger was
+unreachable needs no policy either: the daemon releases every such job once a hold can
+be taken (hook_service.release).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
+from ledger.jobs.retries import job_retries, record_retry
+from ledger.timeutil import utcnow
+from slurmtext import SlurmTextError, parse_format_rows, parse_time
+
+__all__ = ["RetryKeeper", "failure_of"]
+
+log = logging.getLogger("gpucredit.daemon")
+
+FIELDS = ("JobID", "UserName", "State", "exit_code", "RestartCnt", "SubmitTime", "EndTime")
+SQUEUE = (
+    "squeue",
+    "--all",
+    "--noheader",
+    "--states=FAILED",
+    "--Format=" + ",".join(f"{f}:|" for f in FIELDS),
+)
+
+
+def failure_of(state: str, exit_code: str) -> str | None:
+    """The policy's word for how a run ended, exit:N, or None (not a failure a policy can
+    name: another state, a signal, a failed start). squeue's exit_code is the raw wait
+    status on 22.05 (exit 75 is 19200, docs/slurm-facts.md §18); CODE:SIGNAL, as sacct
+    writes it, is read too."""
+    if state != "FAILED" or not exit_code.isascii():
+        return None
+    if ":" in exit_code:
+        code_text, _, signal_text = exit_code.partition(":")
+        if not (code_text.isdigit() and signal_text.isdigit()):
+            return None
+        code, signal = int(code_text), int(signal_text)
+    elif exit_code.isdigit():
+        status = int(exit_code)
+        code, signal = (status >> 8) & 0xFF, status & 0x7F
+    else:
+        return None
+    return f"exit:{code}" if code > 0 and signal == 0 else None
+
+
+class RetryKeeper:
+    """No I/O until `tick`; the runner, the sessions and the clock are injectable."""
+
+    def __init__(
+        self,
+        run: Runner,
+        sessions: Callable[[], Session],
+        cluster: str,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.run = run
+        self.sessions = sessions
+        self.cluster = cluster
+        self.clock = clock
+
+    def tick(self) -> list[int]:
+        """One pass; the jobs requeued."""
+        # job id -> (failure, run, user, submitted, ended)
+        failed: dict[int, tuple[str, int, str, datetime, datetime | None]] = {}
+        for line in self.run(SQUEUE).split("\n"):
+            if not line.strip():
+                continue
+            try:
+                [row] = parse_format_rows(line, FIELDS)
+                submitted, ended = parse_time(row["SubmitTime"]), parse_time(row["EndTime"])
+            except SlurmTextError as error:  # one unreadable job never stops the others
+                log.warning("retry pass: squeue line %r: %s", line[:200], error)
+                continue
+            failure = failure_of(row["State"], row["exit_code"])
+            job_text, run_text = row["JobID"], row["RestartCnt"]
+            if failure and submitted and job_text.isascii() and job_text.isdigit() and run_text.isdigit():
+                failed[int(job_text)] = (failure, int(run_text), row["UserName"], submitted, ended)
+        if not failed:
+            return []
+        now = self.clock()
+        due: list[tuple[int, datetime]] = []  # job id -> its retry's earliest start
+        with self.sessions() as s, s.begin():
+            policies = job_retries(s, self.cluster, failed)
+            for job_id, (failure, run, user, submitted, ended) in failed.items():
+                job = policies.get(job_id)
+                if job is None or not job.belongs_to(user, submitted):
+                    continue
+                retry = job.for_run(run)
+                if retry is None:
+                    if not job.policy.covers(failure) or job.left <= 0:
+                        continue
+                    retry = record_retry(s, job, run, failure, now, ended)
+                    log.info(
+                        "job %s run %s ended %s: retry %s of %s, not before %s",
+                        job_id,
+                        run,
+                        failure,
+                        len(job.retries) + 1,
+                        job.policy.max_retries,
+                        retry.not_before.isoformat(),
+                    )
+                due.append((job_id, retry.not_before))
+        return [job_id for job_id, not_before in due if self._requeue(job_id, not_before, now)]
+
+    def _requeue(self, job_id: int, not_before: datetime, now: datetime) -> bool:
+        wait = max(0, math.ceil((not_before - now).total_seconds()))
+        try:
+            self.run(["scontrol", "requeue", str(job_id)])
+            if wait:
+                self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+        except SlurmCommandError as error:  # it was purged, or requeued meanwhile
+            log.warning("retry pass: job %s: %s", job_id, error)
+            return False
+        return True
+
+    def run_forever(self, stop: threading.Event, interval: float) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except (SlurmCommandError, SQLAlchemyError) as error:  # the next pass tries again
+                log.warning("retry pass failed: %s", error)
+            stop.wait(interval)

@@ -1,0 +1,225 @@
+"""Retries of jobs submitted through the portal: the policy, kept at submit, and each
+retry the daemon decides (docs/api.md, "Retries").
+
+A policy names the exit codes it retries on (`exit:N`, N 1-255: the script's own way to
+say "transient"), how many retries it allows, and the first wait. Two other transient
+failures need no policy: a node failure is requeued by Slurm itself (a job with a policy
+is submitted `--requeue`) and refunded, and a start the prolog parked while the ledger
+was unreachable is released by the daemon once a hold can be taken.
+
+The n-th retry waits backoff_seconds x 2^(n-1), at most an hour. The daemon's retry
+keeper (gpucredit/daemon/retry_keeper.py) records a retry, keyed by the run that failed,
+before it acts: a decision is taken once, and a keeper that stopped between recording and
+acting acts again on its next pass. No money moves here: each attempt is a run of its
+own, with its own hold and charge.
+
+Slurm reuses a job id only once its state is lost or MaxJobId wraps, and moves a job's
+SubmitTime to each requeue, so a policy is the job's when the job is the same user's and
+was (last) submitted at most `MAX_JOB_LIFE` after the policy was kept and no earlier than
+`CLOCK_SLACK` before it (sbatch returns after the submission; two hosts' clocks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeGuard
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ledger.errors import InvalidInput
+from ledger.store.tables import retries_t, retry_policies_t
+from ledger.timeutil import format_time
+
+__all__ = [
+    "JobRetries",
+    "RetryPolicy",
+    "job_retries",
+    "keep_retry_policy",
+    "record_retry",
+    "retried_run_ends",
+]
+
+MAX_RETRIES = 10
+MAX_BACKOFF_SECONDS = 3600
+DEFAULT_BACKOFF_SECONDS = 60
+CLOCK_SLACK = timedelta(seconds=60)
+MAX_JOB_LIFE = timedelta(days=30)
+_EXIT = re.compile(r"exit:([1-9][0-9]{0,2})")
+
+
+def _refuse(field: str, message: str) -> InvalidInput:
+    return InvalidInput(f"{field}: {message}", details={"field": field})
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int
+    on: tuple[str, ...]
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> RetryPolicy:
+        """The API's `retry` object: {"max": N, "on": [...], "backoff_seconds"?: S}; bad
+        input is an InvalidInput naming the field (retry.max, retry.on, ...)."""
+        unknown = sorted(set(body) - {"max", "on", "backoff_seconds"})
+        if unknown:
+            raise _refuse(f"retry.{unknown[0]}", "is not a retry setting (max, on, backoff_seconds)")
+        most = body.get("max")
+        if not _whole(most) or not 1 <= most <= MAX_RETRIES:
+            raise _refuse("retry.max", f"must be a whole number from 1 to {MAX_RETRIES}")
+        on = body.get("on")
+        if not isinstance(on, list) or not on or not all(isinstance(f, str) for f in on):
+            raise _refuse("retry.on", "must list the exit codes to retry on, like exit:75")
+        for failure in on:
+            exit_code = _EXIT.fullmatch(failure)
+            if exit_code is None or int(exit_code[1]) > 255:
+                raise _refuse("retry.on", f"{failure!r} is not exit:1..255")
+        backoff = body.get("backoff_seconds", DEFAULT_BACKOFF_SECONDS)
+        if not _whole(backoff) or not 0 <= backoff <= MAX_BACKOFF_SECONDS:
+            raise _refuse("retry.backoff_seconds", f"must be whole seconds from 0 to {MAX_BACKOFF_SECONDS}")
+        return cls(most, tuple(dict.fromkeys(on)), backoff)
+
+    def covers(self, failure: str) -> bool:
+        return failure in self.on
+
+    def wait_before(self, retry: int) -> timedelta:
+        """The wait before the `retry`-th retry (1-based): doubling, at most an hour."""
+        return timedelta(seconds=min(self.backoff_seconds * 2 ** (retry - 1), MAX_BACKOFF_SECONDS))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max": self.max_retries, "on": list(self.on), "backoff_seconds": self.backoff_seconds}
+
+
+@dataclass(frozen=True)
+class Retry:
+    run: int  # the run that failed
+    cause: str
+    not_before: datetime
+    ended_at: datetime | None = None  # when that run ended, as slurmctld said before the requeue
+
+
+@dataclass(frozen=True)
+class JobRetries:
+    """A job's policy and the retries decided so far, by run."""
+
+    policy_id: int
+    user: str
+    policy: RetryPolicy
+    kept_at: datetime
+    retries: tuple[Retry, ...]
+
+    def belongs_to(self, user: str, submitted_at: datetime) -> bool:
+        """Whether this policy was kept for the job of its id that `user` (last) submitted
+        at `submitted_at` (see the module's docstring)."""
+        return user == self.user and submitted_at - MAX_JOB_LIFE <= self.kept_at <= submitted_at + CLOCK_SLACK
+
+    @property
+    def left(self) -> int:
+        return self.policy.max_retries - len(self.retries)
+
+    def for_run(self, run: int) -> Retry | None:
+        return next((r for r in self.retries if r.run == run), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.policy.as_dict(),
+            "done": len(self.retries),
+            "retries": [
+                {"after_run": r.run, "cause": r.cause, "not_before": format_time(r.not_before)}
+                for r in self.retries
+            ],
+        }
+
+
+def keep_retry_policy(
+    s: Session, cluster: str, job_id: int, user: str, policy: RetryPolicy, now: datetime
+) -> None:
+    """Keep `policy` for the job just submitted as `job_id`."""
+    s.execute(
+        retry_policies_t.insert().values(
+            cluster=cluster,
+            job_id=job_id,
+            user=user,
+            max_retries=policy.max_retries,
+            retry_on=",".join(policy.on),
+            backoff_seconds=policy.backoff_seconds,
+            created_at=now,
+        )
+    )
+
+
+def job_retries(s: Session, cluster: str, job_ids: Collection[int]) -> dict[int, JobRetries]:
+    """The newest policy of each of `job_ids` that has one, with its retries: one read."""
+    if not job_ids:
+        return {}
+    p, r = retry_policies_t.c, retries_t.c
+    rows = s.execute(
+        select(p.id, p.job_id, p.user, p.max_retries, p.retry_on, p.backoff_seconds, p.created_at)
+        .where(p.cluster == cluster, p.job_id.in_(sorted(set(job_ids))))
+        .order_by(p.job_id, p.created_at, p.id)
+    ).all()
+    newest = {row.job_id: row for row in rows}
+    retries: dict[int, list[Retry]] = {row.id: [] for row in newest.values()}
+    if retries:
+        for row in s.execute(
+            select(r.policy_id, r.run, r.cause, r.not_before, r.ended_at)
+            .where(r.policy_id.in_(sorted(retries)))
+            .order_by(r.policy_id, r.run)
+        ):
+            retries[row.policy_id].append(Retry(row.run, row.cause, row.not_before, row.ended_at))
+    return {
+        job_id: JobRetries(
+            row.id,
+            row.user,
+            RetryPolicy(row.max_retries, tuple(row.retry_on.split(",")), row.backoff_seconds),
+            row.created_at,
+            tuple(retries[row.id]),
+        )
+        for job_id, row in newest.items()
+    }
+
+
+def record_retry(
+    s: Session, job: JobRetries, run: int, cause: str, now: datetime, ended_at: datetime | None = None
+) -> Retry:
+    """Record the retry after `run` failed with `cause` at `ended_at` (the caller has
+    checked that the policy covers it and has retries left); the one already recorded
+    for that run, if any."""
+    found = job.for_run(run)
+    if found is not None:
+        return found
+    retry = Retry(run, cause, now + job.policy.wait_before(len(job.retries) + 1), ended_at)
+    s.execute(
+        retries_t.insert().values(
+            policy_id=job.policy_id,
+            run=run,
+            cause=cause,
+            ended_at=ended_at,
+            not_before=retry.not_before,
+            created_at=now,
+        )
+    )
+    return retry
+
+
+def retried_run_ends(s: Session, cluster: str, job_ids: Collection[int]) -> dict[tuple[int, int], datetime]:
+    """(job id, run) -> when that run really ended, for the runs of `job_ids` the retry
+    pass requeued. `scontrol requeue` of a finished job moves the run's End (sacct's) to
+    the requeue, seconds later; the GPUs were free from the failure on."""
+    if not job_ids:
+        return {}
+    p, r = retry_policies_t.c, retries_t.c
+    rows = s.execute(
+        select(p.job_id, r.run, r.ended_at)
+        .join(retries_t, r.policy_id == p.id)
+        .where(p.cluster == cluster, p.job_id.in_(sorted(set(job_ids))), r.ended_at.is_not(None))
+    )
+    return {(row.job_id, row.run): row.ended_at for row in rows}

@@ -1,0 +1,78 @@
+"""A run the retry pass requeued (accounting_bridge/sacct/ingest.py): sacct moves its End
+to the requeue; the bridge charges it to the End the pass recorded, and only then."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine
+
+from accounting_bridge.sacct.ingest import with_retried_ends
+from accounting_bridge.slurm.records import SacctRun
+from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy, record_retry
+from ledger.store.db import make_sessionmaker
+
+T = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+
+def run(job_id: int, index: int, state: str, start: datetime, end: datetime) -> SacctRun:
+    return SacctRun(
+        cluster="lab",
+        job_id=job_id,
+        display_id=str(job_id),
+        run=index,
+        user="bob",
+        account="physics",
+        partition="onprem",
+        state=state,
+        submit=start,
+        start=start,
+        end=end,
+        elapsed_seconds=int((end - start).total_seconds()),
+        time_limit_seconds=60,
+        gpus={"h100": 1},
+        requested_gpus={"h100": 1},
+        nodes=("node1",),
+        node_count=1,
+        name="",
+    )
+
+
+def test_a_retried_run_ends_when_it_failed_not_at_its_requeue(engine: Engine) -> None:
+    sessions = make_sessionmaker(engine)
+    with sessions() as s, s.begin():
+        keep_retry_policy(s, "lab", 71, "bob", RetryPolicy(2, ("exit:75",), 5), T)
+        record_retry(
+            s,
+            job_retries(s, "lab", [71])[71],
+            0,
+            "exit:75",
+            T + timedelta(seconds=9),
+            T + timedelta(seconds=4),
+        )
+    failed = run(71, 0, "REQUEUED", T + timedelta(seconds=2), T + timedelta(seconds=9))  # End: the requeue
+    again = run(71, 1, "COMPLETED", T + timedelta(seconds=15), T + timedelta(seconds=18))
+    refused = run(72, 0, "REQUEUED", T, T)  # a prolog refusal: no retry of ours
+    fixed = with_retried_ends(sessions, [failed, again, refused])
+    assert [(r.state, r.end, r.elapsed_seconds) for r in fixed] == [
+        ("FAILED", T + timedelta(seconds=4), 2),
+        ("COMPLETED", T + timedelta(seconds=18), 3),
+        ("REQUEUED", T, 0),
+    ]
+
+
+def test_an_end_outside_the_run_is_not_used(engine: Engine) -> None:
+    """Job id 71 reused: the recorded End is an older job's run 0, before this run started."""
+    sessions = make_sessionmaker(engine)
+    with sessions() as s, s.begin():
+        keep_retry_policy(s, "lab", 71, "bob", RetryPolicy(2, ("exit:75",), 5), T)
+        record_retry(
+            s,
+            job_retries(s, "lab", [71])[71],
+            0,
+            "exit:75",
+            T + timedelta(seconds=9),
+            T + timedelta(seconds=4),
+        )
+    later = run(71, 0, "REQUEUED", T + timedelta(days=40), T + timedelta(days=40, seconds=30))
+    assert with_retried_ends(sessions, [later]) == [later]

@@ -1,0 +1,121 @@
+"""The retry pass (gpucredit/daemon/retry_keeper.py), without Slurm: given squeue's lines
+of failed jobs and the policies in a real ledger, it records each covered retry once and
+requeues the job with its backoff; whatever the policy does not cover is left alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
+from gpucredit.daemon.retry_keeper import SQUEUE, RetryKeeper, failure_of
+from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy
+from ledger.store.db import make_sessionmaker
+from slurmtext import format_time
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+SUBMITTED = NOW - timedelta(minutes=10)
+
+
+def line(job_id: int, state: str, exit_code: str, run: int, submitted: datetime = SUBMITTED) -> str:
+    ended = format_time(submitted + timedelta(minutes=5))
+    return f"{job_id}|bob|{state}|{exit_code}|{run}|{format_time(submitted)}|{ended}|"
+
+
+def requeue(job_id: int, wait: int) -> list[tuple[str, ...]]:
+    return [
+        ("scontrol", "requeue", str(job_id)),
+        *([("scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}")] if wait else []),
+    ]
+
+
+class Policies:
+    """The ledger's retry policies, kept as the portal keeps them."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.sessions = make_sessionmaker(engine)
+
+    def __call__(self, job_id: int, body: dict[str, Any], at: datetime = SUBMITTED) -> None:
+        with self.sessions() as s, s.begin():
+            keep_retry_policy(s, "lab", job_id, "bob", RetryPolicy.from_body(body), at)
+
+
+@pytest.fixture
+def keep(engine: Engine) -> Policies:
+    return Policies(engine)
+
+
+def keeper(keep: Policies, squeue: list[str], at: datetime = NOW) -> tuple[RetryKeeper, FakeRunner]:
+    runner = FakeRunner({SQUEUE: "\n".join(squeue) + "\n"})
+    return RetryKeeper(runner, keep.sessions, "lab", clock=lambda: at), runner
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "failure"),
+    [
+        ("FAILED", "19200", "exit:75"),  # squeue's raw wait status (22.05): 75 << 8
+        ("FAILED", "256", "exit:1"),
+        ("FAILED", "9", None),  # killed by SIGKILL: no exit code to name
+        ("FAILED", "75:0", "exit:75"),  # CODE:SIGNAL, as sacct writes it
+        ("FAILED", "0:9", None),
+        ("FAILED", "0", None),  # a failed start (the prolog, a launch failure)
+        ("NODE_FAIL", "0", None),  # Slurm requeues it itself
+        ("COMPLETED", "0", None),
+        ("FAILED", "-1", None),
+    ],
+)
+def test_how_a_run_ended_in_the_policys_words(state: str, exit_code: str, failure: str | None) -> None:
+    assert failure_of(state, exit_code) == failure
+
+
+def test_covered_failures_are_requeued_with_their_backoff_and_the_rest_left_alone(keep: Policies) -> None:
+    keep(81, {"max": 2, "on": ["exit:75"], "backoff_seconds": 30})
+    keep(82, {"max": 2, "on": ["exit:75"]})
+    keep(83, {"max": 1, "on": ["exit:1"], "backoff_seconds": 0})
+    keep(85, {"max": 1, "on": ["exit:75"]}, at=SUBMITTED + timedelta(minutes=5))  # a later job's of id 85
+    keep(87, {"max": 1, "on": ["exit:75"]})
+    burst, runner = keeper(
+        keep,
+        [
+            line(81, "FAILED", "19200", 0),
+            line(82, "FAILED", "256", 0),  # exit 1: not in its policy
+            line(83, "FAILED", "256", 0),  # exit 1, no backoff: requeued to start at once
+            line(84, "FAILED", "19200", 0),  # no policy
+            line(85, "FAILED", "19200", 0),
+            "87|carol|FAILED|19200|0|" + format_time(SUBMITTED) + "|Unknown|",  # bob's policy, carol's job
+            "86_1|bob|FAILED|19200|0|not read|Unknown|",
+        ],
+    )
+    for command in requeue(81, 30) + requeue(83, 0):
+        runner.add(command)
+    assert burst.tick() == [81, 83]
+    assert runner.calls == [SQUEUE, *requeue(81, 30), *requeue(83, 0)]
+
+
+def test_each_retry_waits_twice_the_last_and_none_is_past_the_policys_count(keep: Policies) -> None:
+    keep(91, {"max": 2, "on": ["exit:75"], "backoff_seconds": 30})
+    for run, at, wait in ((0, NOW, 30), (1, NOW + timedelta(minutes=5), 60)):
+        burst, runner = keeper(keep, [line(91, "FAILED", "19200", run)], at)
+        for command in requeue(91, wait):
+            runner.add(command)
+        assert burst.tick() == [91]
+        assert runner.calls == [SQUEUE, *requeue(91, wait)]
+    burst, runner = keeper(keep, [line(91, "FAILED", "19200", 2)], NOW + timedelta(minutes=10))
+    assert burst.tick() == []  # two retries were all it allowed
+    assert runner.calls == [SQUEUE]
+
+
+def test_a_requeue_that_failed_is_done_again_with_the_same_retry_not_a_new_one(keep: Policies) -> None:
+    keep(95, {"max": 1, "on": ["exit:75"], "backoff_seconds": 60})
+    burst, runner = keeper(keep, [line(95, "FAILED", "19200", 0)])
+    runner.add(requeue(95, 60)[0], FakeResponse(returncode=1, stderr="slurm_update error: Socket timed out"))
+    assert burst.tick() == []
+    later, runner = keeper(keep, [line(95, "FAILED", "19200", 0)], NOW + timedelta(seconds=20))
+    for command in requeue(95, 40):  # the retry recorded first: its time, not a new backoff
+        runner.add(command)
+    assert later.tick() == [95]
+    with keep.sessions() as s:
+        assert len(job_retries(s, "lab", [95])[95].retries) == 1
