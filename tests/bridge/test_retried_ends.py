@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from accounting_bridge.sacct.ingest import with_retried_ends
 from accounting_bridge.slurm.records import SacctRun
@@ -38,18 +39,18 @@ def run(job_id: int, index: int, state: str, start: datetime, end: datetime) -> 
     )
 
 
-def test_a_retried_run_ends_when_it_failed_not_at_its_requeue(engine: Engine) -> None:
+def retried_at_9s_after_failing_at_4s(engine: Engine) -> sessionmaker[Session]:
+    """Job 71's run 0, as the retry pass recorded it: it ended at T+4 s, requeued at T+9 s."""
     sessions = make_sessionmaker(engine)
     with sessions() as s, s.begin():
         keep_retry_policy(s, "lab", 71, "bob", RetryPolicy(2, ("exit:75",), 5), T)
-        record_retry(
-            s,
-            job_retries(s, "lab", [71])[71],
-            0,
-            "exit:75",
-            T + timedelta(seconds=9),
-            T + timedelta(seconds=4),
-        )
+        ended, requeued = T + timedelta(seconds=4), T + timedelta(seconds=9)
+        record_retry(s, job_retries(s, "lab", [71])[71], 0, "exit:75", requeued, ended)
+    return sessions
+
+
+def test_a_retried_run_ends_when_it_failed_not_at_its_requeue(engine: Engine) -> None:
+    sessions = retried_at_9s_after_failing_at_4s(engine)
     failed = run(71, 0, "REQUEUED", T + timedelta(seconds=2), T + timedelta(seconds=9))  # End: the requeue
     again = run(71, 1, "COMPLETED", T + timedelta(seconds=15), T + timedelta(seconds=18))
     refused = run(72, 0, "REQUEUED", T, T)  # a prolog refusal: no retry of ours
@@ -63,16 +64,6 @@ def test_a_retried_run_ends_when_it_failed_not_at_its_requeue(engine: Engine) ->
 
 def test_an_end_outside_the_run_is_not_used(engine: Engine) -> None:
     """Job id 71 reused: the recorded End is an older job's run 0, before this run started."""
-    sessions = make_sessionmaker(engine)
-    with sessions() as s, s.begin():
-        keep_retry_policy(s, "lab", 71, "bob", RetryPolicy(2, ("exit:75",), 5), T)
-        record_retry(
-            s,
-            job_retries(s, "lab", [71])[71],
-            0,
-            "exit:75",
-            T + timedelta(seconds=9),
-            T + timedelta(seconds=4),
-        )
+    sessions = retried_at_9s_after_failing_at_4s(engine)
     later = run(71, 0, "REQUEUED", T + timedelta(days=40), T + timedelta(days=40, seconds=30))
     assert with_retried_ends(sessions, [later]) == [later]
