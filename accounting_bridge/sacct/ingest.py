@@ -80,7 +80,8 @@ def with_retried_ends(session_factory: SessionFactory, runs: Sequence[SacctRun])
             and run.end is not None
             and run.start <= ended <= run.end
         ):
-            elapsed = int((ended - run.start).total_seconds())
+            # Slurm's elapsed less the wait for the requeue (a suspension stays left out).
+            elapsed = max(0, run.elapsed_seconds - int((run.end - ended).total_seconds()))
             run = replace(run, state="FAILED", end=ended, elapsed_seconds=elapsed)
         fixed.append(run)
     return fixed

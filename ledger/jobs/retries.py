@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 MAX_RETRIES = 10
+MAX_EXIT_CODES = 16  # retry_on holds them comma-joined in 512 characters
 MAX_BACKOFF_SECONDS = 3600
 DEFAULT_BACKOFF_SECONDS = 60
 CLOCK_SLACK = timedelta(seconds=60)
@@ -78,6 +79,8 @@ class RetryPolicy:
         on = body.get("on")
         if not isinstance(on, list) or not on or not all(isinstance(f, str) for f in on):
             raise _refuse("retry.on", "must list the exit codes to retry on, like exit:75")
+        if len(on) > MAX_EXIT_CODES:
+            raise _refuse("retry.on", f"lists more than {MAX_EXIT_CODES} exit codes")
         for failure in on:
             exit_code = _EXIT.fullmatch(failure)
             if exit_code is None or int(exit_code[1]) > 255:
@@ -221,5 +224,6 @@ def retried_run_ends(s: Session, cluster: str, job_ids: Collection[int]) -> dict
         select(p.job_id, r.run, r.ended_at)
         .join(retries_t, r.policy_id == p.id)
         .where(p.cluster == cluster, p.job_id.in_(sorted(set(job_ids))), r.ended_at.is_not(None))
+        .order_by(p.created_at, p.id)  # an id's newest policy last: its runs win
     )
     return {(row.job_id, row.run): row.ended_at for row in rows}

@@ -162,7 +162,11 @@ def job_holds(s: Session, job: SlurmJob) -> list[api.HoldState]:
     job's SubmitTime: its holds are its account's newest run of that id and the runs
     before it (runs count up from 0 within one job), as long as that newest run started
     after the job's (latest) submission or is one of the runs before the current one."""
-    holds = [h for h in api.find_job_holds(s, _cluster(), job.job_id) if h.account == job.account]
+    holds = [
+        h
+        for h in api.find_job_holds(s, _cluster(), job.job_id)
+        if h.account == job.account and h.user == job.user
+    ]
     holds.sort(key=lambda h: (h.started_at is None, h.started_at, h.run))
     chain: list[api.HoldState] = []
     for hold in reversed(holds):
@@ -184,6 +188,7 @@ def retries_of(s: Session, jobs: Sequence[SlurmJob]) -> dict[int, JobRetries]:
         job.job_id: kept
         for job in jobs
         if (kept := found.get(job.job_id)) is not None
+        and kept.user == job.user
         and (job.submitted_at is None or kept.belongs_to(job.user, job.submitted_at))
     }
 

@@ -3,6 +3,7 @@ to the requeue; the bridge charges it to the End the pass recorded, and only the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
@@ -67,3 +68,16 @@ def test_an_end_outside_the_run_is_not_used(engine: Engine) -> None:
     sessions = retried_at_9s_after_failing_at_4s(engine)
     later = run(71, 0, "REQUEUED", T + timedelta(days=40), T + timedelta(days=40, seconds=30))
     assert with_retried_ends(sessions, [later]) == [later]
+
+
+def test_a_suspended_part_of_the_run_stays_out_of_its_charge(engine: Engine) -> None:
+    """Started at T, suspended 3 s, failed at T+10, requeued at T+15: sacct's ElapsedRaw is
+    12 (15 less the suspension); charged 7 (10 less the suspension)."""
+    sessions = make_sessionmaker(engine)
+    with sessions() as s, s.begin():
+        keep_retry_policy(s, "lab", 73, "bob", RetryPolicy(1, ("exit:75",), 5), T)
+        requeued, ended = T + timedelta(seconds=15), T + timedelta(seconds=10)
+        record_retry(s, job_retries(s, "lab", [73])[73], 0, "exit:75", requeued, ended)
+    suspended = replace(run(73, 0, "REQUEUED", T, requeued), elapsed_seconds=12)
+    [fixed] = with_retried_ends(sessions, [suspended])
+    assert (fixed.state, fixed.end, fixed.elapsed_seconds) == ("FAILED", ended, 7)

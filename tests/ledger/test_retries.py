@@ -25,6 +25,7 @@ NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
         ({"on": ["exit:75"]}, "retry.max: must be a whole number from 1 to 10"),
         ({"max": 1, "on": "exit:75"}, "retry.on: must list the exit codes to retry on, like exit:75"),
         ({"max": 1, "on": ["exit:256"]}, "retry.on: 'exit:256' is not exit:1..255"),
+        ({"max": 1, "on": [f"exit:{n}" for n in range(1, 18)]}, "retry.on: lists more than 16 exit codes"),
         ({"max": 1, "on": ["exit:0"]}, "retry.on: 'exit:0' is not exit:1..255"),
         ({"max": 1, "on": ["exit:075"]}, "retry.on: 'exit:075' is not exit:1..255"),
         (

@@ -247,9 +247,9 @@ def test_a_run_that_exits_75_is_retried_after_its_backoff_and_each_attempt_is_ch
     cluster: Cluster, portal: Flask, alice: dict[str, str]
 ) -> None:
     """The daemon's retry pass requeues the failed run (submitted --requeue: Slurm requeues
-    no other job) to start no sooner than its backoff; the second run succeeds. Each run
-    has its own hold. Requeueing moves the failed run's End in sacct to the requeue; the
-    bridge charges it to when it really ended, which the pass recorded."""
+    an ended job only if it is requeueable) to start no sooner than its backoff; the second
+    run succeeds. Each run has its own hold. Requeueing moves the failed run's End in sacct
+    to the requeue; the bridge charges it to when it really ended, which the pass recorded."""
     since = datetime.now(UTC)
     account = cluster.new_account("10")
     client = portal.test_client()
