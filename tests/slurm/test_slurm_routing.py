@@ -12,6 +12,7 @@ charge is sacct's ElapsedRaw × the price of the partition it ran in).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -88,10 +89,15 @@ def test_with_on_premise_busy_a_job_allowed_cloud_runs_there_at_the_cloud_price(
     [hold] = routed.holds(clouded, account)
     assert (hold.partition, hold.rate_ucredits_per_hour) == ("cloud", CLOUD_H100)
 
-    # Meanwhile the job that may not go to the cloud waits on-premise for GPUs.
-    state, partition, reason = (
-        box.run(["squeue", "-h", "-j", str(waiting), "-o", "%T|%P|%r"], check=True).stdout.strip().split("|")
-    )
+    # Meanwhile the job that may not go to the cloud waits on-premise for GPUs. Its
+    # reason reads None until the scheduler has looked at it (seen on 26.05).
+    deadline = time.monotonic() + 30
+    squeue = ["squeue", "-h", "-j", str(waiting), "-o", "%T|%P|%r"]
+    while True:
+        state, partition, reason = box.run(squeue, check=True).stdout.strip().split("|")
+        if reason != "None" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert (state, partition) == ("PENDING", "onprem") and reason in ("Resources", "Priority"), reason
     assert box.scontrol_job(waiting)["Comment"].strip() == (
         "gpucredit: routed to onprem (limit 1.00 a run): onprem ~0.06 allowed, cloud ~0.09 cloud not allowed"
