@@ -59,6 +59,7 @@ def route_quote(
     decision = route(options, limit=limit, cloud_permitted=limit.allow_cloud, cloud_spend=spend)
     now, later = decision.burst_plan(routing.burst_after_seconds, eligible=True)
     quote = decision.quote
+    refused_at = decision.refused_at
     return {
         "cost": None if quote is None else format_credits(quote.cost_ucredits),
         "limit": None if limit.max_cost_ucredits is None else format_credits(limit.max_cost_ucredits),
@@ -76,4 +77,5 @@ def route_quote(
         "after_wait": list(later),
         "burst_after_seconds": routing.burst_after_seconds if later else None,
         "refusal": decision.refusal,
+        "refused_at": None if refused_at is None else refused_at.partition,  # the figure a refusal names
     }

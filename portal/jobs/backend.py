@@ -1,10 +1,10 @@
 """How the API reaches Slurm for a user: submit, cancel, read jobs.
 
-`JobBackend` is the whole interface; `SubmitterBackend` is the Slurm 22.05 one (the
-root submitter for sbatch/scancel as the user, `portal.jobs.submitter`, and squeue /
-sacct run by the portal itself for reading). A slurmrestd backend (24.11 and 26.05
-with auth/jwt, acting for the user with a short-lived token) fits the same interface
-and is not written yet.
+`JobBackend` is the whole interface. Both backends read with squeue / sacct run by the
+portal itself (`CommandReader`) and differ in how they act as the user:
+`SubmitterBackend` (Slurm 22.05, no auth/jwt) asks the root submitter to run the user's
+own sbatch/scancel (`portal.jobs.submitter`); `portal.jobs.rest.RestBackend` (24.11
+and later) calls slurmrestd with a short-lived token minted for the user.
 
 Refusals keep sbatch's own words: job_submit.lua's message ("gpucredit: this job would
 cost ...") is what a user sees at a terminal, and the API returns it as the message
@@ -195,36 +195,14 @@ def _sbatch_words(stderr: str) -> str:
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
-class SubmitterBackend:
-    """Slurm 22.05: the root submitter for sbatch/scancel, squeue/sacct for reading."""
+class CommandReader:
+    """Reads jobs with squeue and sacct (structured output) where the portal runs: the
+    read half of both backends (slurmrestd's reads would need a token per user for a
+    list across users)."""
 
-    def __init__(self, socket_path: str, bin_dir: str = "/usr/bin", run: Runner = subprocess.run) -> None:
-        self.socket_path = socket_path
+    def __init__(self, bin_dir: str = "/usr/bin", run: Runner = subprocess.run) -> None:
         self.bin_dir = bin_dir
         self.run = run
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return ask(self.socket_path, request)
-        except OSError as error:
-            raise SlurmUnavailable(
-                f"the job submitter at {self.socket_path} did not answer: {error}"
-            ) from None
-
-    def submit(self, user: str, spec: JobSpec) -> Submitted:
-        answer = self._ask({"op": "submit", "user": user, "spec": spec.as_request(), "script": spec.script})
-        if answer.get("ok"):
-            return Submitted(int(answer["job_id"]), _sbatch_words(answer.get("stderr", "")))
-        if answer.get("error") == "refused":
-            raise refusal_of(str(answer.get("stderr", "")))
-        if answer.get("error") == "invalid_input":
-            raise InvalidInput(f"{answer['field']} {answer['message']}", details={"field": answer["field"]})
-        raise SlurmUnavailable(f"the job submitter refused: {answer.get('message', answer)}")
-
-    def cancel(self, user: str, job_id: int) -> None:
-        answer = self._ask({"op": "cancel", "user": user, "job_id": job_id})
-        if not answer.get("ok"):
-            raise SlurmUnavailable(f"scancel {job_id} failed: {str(answer.get('stderr', '')).strip()}")
 
     def _command(self, argv: list[str]) -> str:
         argv = [f"{self.bin_dir}/{argv[0]}", *argv[1:]]
@@ -269,6 +247,37 @@ class SubmitterBackend:
         ]
         rows = slurmtext.parse_parsable(self._command(argv), SACCT_FIELDS)
         return [sacct_job(row) for row in rows if row["JobIDRaw"].isdigit()]
+
+
+class SubmitterBackend(CommandReader):
+    """Slurm 22.05: the root submitter for sbatch/scancel, squeue/sacct for reading."""
+
+    def __init__(self, socket_path: str, bin_dir: str = "/usr/bin", run: Runner = subprocess.run) -> None:
+        super().__init__(bin_dir, run)
+        self.socket_path = socket_path
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return ask(self.socket_path, request)
+        except OSError as error:
+            raise SlurmUnavailable(
+                f"the job submitter at {self.socket_path} did not answer: {error}"
+            ) from None
+
+    def submit(self, user: str, spec: JobSpec) -> Submitted:
+        answer = self._ask({"op": "submit", "user": user, "spec": spec.as_request(), "script": spec.script})
+        if answer.get("ok"):
+            return Submitted(int(answer["job_id"]), _sbatch_words(answer.get("stderr", "")))
+        if answer.get("error") == "refused":
+            raise refusal_of(str(answer.get("stderr", "")))
+        if answer.get("error") == "invalid_input":
+            raise InvalidInput(f"{answer['field']} {answer['message']}", details={"field": answer["field"]})
+        raise SlurmUnavailable(f"the job submitter refused: {answer.get('message', answer)}")
+
+    def cancel(self, user: str, job_id: int) -> None:
+        answer = self._ask({"op": "cancel", "user": user, "job_id": job_id})
+        if not answer.get("ok"):
+            raise SlurmUnavailable(f"scancel {job_id} failed: {str(answer.get('stderr', '')).strip()}")
 
 
 def squeue_job(row: dict[str, str]) -> SlurmJob:

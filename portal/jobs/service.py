@@ -29,6 +29,7 @@ from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 from portal.auth import Forbidden, Principal, accounts_of, own_user
 from portal.jobs.backend import JobBackend, JobSpec, SlurmJob, SubmitterBackend
+from portal.jobs.rest import RefusedBySlurm, RestBackend, words_of_refusal
 from portal.jobs.spec import member_of, quote_spec
 from portal.pages.output import output_tail
 from portal.store import transaction
@@ -37,17 +38,25 @@ log = logging.getLogger("gpucredit.portal.jobs")
 
 MAX_JOB_ID = 4294967293  # Slurm's ids are 32-bit; above are its NO_VAL markers
 DEFAULT_SOCKET = "/run/gpucredit/submitter.sock"
+DEFAULT_SLURMRESTD = "http://127.0.0.1:6820"
+DEFAULT_JWT_KEY = "/etc/slurm/jwt_hs256.key"
 LIVE_STATES = ("queued", "running")  # the states scancel acts on
 MANAGING = ("manager", "admin")  # the roles that may cancel anyone's job in the account
 
 
 def backend_of(app: Flask) -> JobBackend:
-    """The app's job backend: one set in app.extensions (tests), else the submitter's."""
+    """The app's job backend: one set in app.extensions (tests), else the config's
+    (`[portal] jobs_backend`: "submitter", the default, or "slurmrestd")."""
     backend = app.extensions.get("gpucredit.jobs_backend")
     if backend is None:
         config = app.config["GPUCREDIT"]
-        socket_path = str(config["portal"].get("submitter_socket") or DEFAULT_SOCKET)
-        backend = SubmitterBackend(socket_path, str(config.get("slurm", {}).get("bin_dir", "/usr/bin")))
+        portal = config["portal"]
+        bin_dir = str(config.get("slurm", {}).get("bin_dir", "/usr/bin"))
+        if portal.get("jobs_backend", "submitter") == "slurmrestd":
+            url = str(portal.get("slurmrestd_url") or DEFAULT_SLURMRESTD)
+            backend = RestBackend(url, str(portal.get("jwt_key") or DEFAULT_JWT_KEY), bin_dir)
+        else:
+            backend = SubmitterBackend(str(portal.get("submitter_socket") or DEFAULT_SOCKET), bin_dir)
         app.extensions["gpucredit.jobs_backend"] = backend
     return backend
 
@@ -106,7 +115,10 @@ def submit(
         if first is not None:
             return first
         quote = quote_spec(s, spec, seconds)
-    submitted = backend_of(current_app).submit(who.user, spec)
+    try:
+        submitted = backend_of(current_app).submit(who.user, spec)
+    except RefusedBySlurm as refused:  # slurmrestd keeps job_submit's words to itself
+        raise words_of_refusal(quote, refused) from None
     result = {"job_id": submitted.job_id, "state": "queued", "quote": quote, "message": submitted.message}
     with transaction() as s:
         if spec.retry is not None:  # its user and time tell this job from an older one of its id

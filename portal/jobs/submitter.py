@@ -128,11 +128,16 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
         options += ["--mem", memory]
     if requeue == "yes":
         options += ["--requeue"]
-    # job_submit's directives (slurmtext.comment_directives), one word
-    directives = [f"{key}={value}" for key, value in (("max_cost", max_cost), ("cloud", cloud)) if value]
-    if directives:
-        options += [f"--comment=gpucredit:{','.join(directives)}"]
+    comment = directive_comment(max_cost, cloud)
+    if comment is not None:
+        options += [f"--comment={comment}"]
     return options
+
+
+def directive_comment(max_cost: str | None, cloud: str | None) -> str | None:
+    """The job comment with job_submit's directives (slurmtext.comment_directives), one word."""
+    directives = [f"{key}={value}" for key, value in (("max_cost", max_cost), ("cloud", cloud)) if value]
+    return f"gpucredit:{','.join(directives)}" if directives else None
 
 
 def sbatch_argv(spec: Mapping[str, Any], user: pwd.struct_passwd, sbatch: str = "sbatch") -> list[str]:

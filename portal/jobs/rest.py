@@ -1,0 +1,257 @@
+"""Slurm 24.11 and later: the jobs API acts for a user through slurmrestd (auth/jwt).
+
+    [portal]
+    jobs_backend = "slurmrestd"
+    slurmrestd_url = "http://127.0.0.1:6820"
+    jwt_key = "/etc/slurm/jwt_hs256.key"      # slurm.conf's AuthAltParameters=jwt_key=
+
+For each submit or cancel the portal mints a token for the logged-in user, valid for
+`TOKEN_SECONDS`, signed with the cluster's key (HS256, the `sun` claim naming the
+user: what `scontrol token` makes). slurmrestd passes it to slurmctld, which runs the
+request as that user: the job is theirs and passes job_submit.lua like any sbatch.
+Holding the key is being able to act as any user, so the portal's service user reads
+it and nobody else (docs/admin-guide.md §4b).
+
+The REST API's version is the newest the server offers of those this module writes
+(`DATA_PARSERS`); the job description is the same in each of them for the fields used.
+Reads stay squeue / sacct (`CommandReader`).
+
+Slurm keeps job_submit's words of a refusal in slurmrestd's log and answers only
+"Batch job submission failed" (seen on 24.11 and 26.05); so a refused submit is worded
+from the ledger's own quote of the same job (`words_of_refusal`), the rule job_submit
+applies.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import pwd
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from ledger.errors import InsufficientCredits, InvalidInput, LedgerError
+from ledger.timeutil import parse_slurm_duration
+from portal.auth import Forbidden
+from portal.jobs.backend import COMMAND_TIMEOUT, CommandReader, JobSpec, Runner, SlurmUnavailable, Submitted
+from portal.jobs.submitter import PATH, USER_NAME, directive_comment
+
+TOKEN_SECONDS = 60
+# slurmrestd's data parsers this module writes, oldest first (24.11 offers v0.0.40-42,
+# 26.05 v0.0.42-45).
+DATA_PARSERS = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
+SUBMIT_PATH = re.compile(r"^/slurm/(v0\.0\.[0-9]+)/job/submit$")
+# slurm_errno's codes in a cancel's per-job status: the job is not there to signal
+# (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE), or the caller may not (ESLURM_ACCESS_DENIED).
+JOB_GONE = (2017, 2021)
+ACCESS_DENIED = 2002
+MEMORY_UNITS_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def user_token(key: bytes, user: str, now: float, lifetime: int = TOKEN_SECONDS) -> str:
+    """A JWT slurmctld's auth/jwt accepts as `user`'s word until now + lifetime."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    issued = int(now)
+    claims = {"iat": issued, "exp": issued + lifetime, "sun": user}
+    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
+    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{_b64(signature)}"
+
+
+def _passwd(user: str) -> tuple[int, str]:
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_dir
+
+
+def memory_mib(memory: str) -> int:
+    """sbatch's --mem (a number, M unless K/M/G/T follows) in MiB, rounded up."""
+    unit = memory[-1] if memory[-1] in MEMORY_UNITS_MIB else "M"
+    number = int(memory.rstrip("KMGT"))
+    return math.ceil(number * MEMORY_UNITS_MIB[unit])
+
+
+def job_description(spec: JobSpec, working_dir: str) -> dict[str, Any]:
+    """slurmrestd's job description for `spec`: what `sbatch_options` gives sbatch."""
+    minutes = math.ceil(parse_slurm_duration(spec.time_limit) / 60)  # sbatch rounds up as well
+    environment = {"PATH": PATH, **spec.environment}
+    job: dict[str, Any] = {
+        "script": spec.script,
+        "account": spec.account,
+        "tres_per_node": f"gres/gpu:{spec.gpus}",
+        "time_limit": {"set": True, "infinite": False, "number": minutes},
+        "current_working_directory": working_dir,
+        "standard_output": f"{working_dir.rstrip('/')}/slurm-%j.out",  # sbatch's default name
+        "environment": [f"{name}={value}" for name, value in sorted(environment.items())],
+    }
+    if spec.name is not None:
+        job["name"] = spec.name
+    if spec.cpus is not None:
+        job["cpus_per_task"] = spec.cpus
+    if spec.memory is not None:
+        job["memory_per_node"] = {"set": True, "infinite": False, "number": memory_mib(spec.memory)}
+    if spec.retry is not None:  # Slurm requeues only a requeueable job (retry_keeper.py)
+        job["requeue"] = True
+    comment = directive_comment(spec.max_cost, spec.cloud)
+    if comment is not None:
+        job["comment"] = comment
+    return job
+
+
+def newest_parser(paths: list[str]) -> str | None:
+    """The newest data parser this module writes whose submit path the server's OpenAPI
+    document lists (24.11's names no parsers elsewhere; 26.05's also in info.x-slurm)."""
+    offered = {found.group(1) for found in map(SUBMIT_PATH.match, paths) if found}
+    known = [name for name in DATA_PARSERS if name in offered]
+    return known[-1] if known else None
+
+
+class RefusedBySlurm(LedgerError):
+    """slurmrestd refused a submit without job_submit's words (`words_of_refusal`)."""
+
+    code = "slurm_refused"
+    http_status = 422
+
+
+# The routing verdict a refusal names (ledger.pricing.routing), in plain words.
+VERDICT_WORDS = {
+    "cloud_not_allowed": "it may run only in the cloud, and the cloud is not allowed (gpucredit:cloud=yes)",
+    "over_limit": "over its limit of {limit} a run: raise max_cost, or ask for fewer GPUs or less time",
+    "over_cloud_budget": "over the account's cloud budget for the month",
+    "over_cap": "over a cap of the account",
+    "over_credit": "more than is available in {account}: top up, or ask for fewer GPUs or less time",
+}
+
+
+def words_of_refusal(quote: dict[str, Any], refused: RefusedBySlurm) -> LedgerError:
+    """The API's refusal for a submit slurmrestd refused, from the ledger's quote of the
+    same job: job_submit refuses on that quote's verdict (routing, then credit)."""
+    details = {"slurmrestd": refused.message}
+    routing = quote.get("routing") or {}
+    verdict = routing.get("refusal")
+    if verdict:
+        [named] = [p for p in routing["partitions"] if p["partition"] == routing.get("refused_at")] or [None]
+        where = "" if named is None else f" in {named['partition'] or 'the default partition'}"
+        cost = "" if named is None else f" would cost {named['cost']} credits{where},"
+        why = VERDICT_WORDS.get(verdict, verdict).format(limit=routing.get("limit"), account=quote["account"])
+        words = f"gpucredit: the job's cheapest run{cost} {why}"
+        if verdict == "over_credit":
+            return InsufficientCredits(words, details={**details, "available": quote["available"]})
+        return InvalidInput(words, code="refused", details={**details, "verdict": verdict})
+    if not quote.get("affordable", True):
+        return InsufficientCredits(
+            f"gpucredit: this job would cost {quote['cost']} credits; {quote['available']} available in "
+            f"{quote['account']}: top up, or ask for fewer GPUs or less time",
+            details=details,
+        )
+    return refused
+
+
+class RestBackend(CommandReader):
+    """Submit and cancel as the user through slurmrestd; read with squeue / sacct."""
+
+    def __init__(
+        self,
+        url: str,
+        key_path: str,
+        bin_dir: str = "/usr/bin",
+        run: Runner = subprocess.run,
+        passwd: Callable[[str], tuple[int, str]] | None = None,
+        min_uid: int = 1000,
+    ) -> None:
+        super().__init__(bin_dir, run)
+        self.url = url.rstrip("/")
+        self.key_path = key_path
+        self.passwd = passwd or _passwd
+        self.min_uid = min_uid
+        self.parser: str | None = None
+
+    def _home(self, user: str) -> str:
+        """The user's home; refuses a token for root or a system user (as the submitter
+        does): slurmctld would take it as that user's word."""
+        try:
+            uid, home = self.passwd(user) if USER_NAME.match(user) else (None, "")
+        except KeyError:
+            uid = None
+        if uid is None:
+            raise InvalidInput(f"{user} is not a user on the cluster", details={"field": "user"})
+        if uid < self.min_uid:
+            raise InvalidInput(
+                f"{user} is a system user (uid below {self.min_uid})", details={"field": "user"}
+            )
+        return home
+
+    def _token(self, user: str) -> str:
+        try:
+            with open(self.key_path, "rb") as key:
+                return user_token(key.read(), user, time.time())
+        except OSError as error:
+            raise SlurmUnavailable(f"the portal cannot read the JWT key {self.key_path}: {error}") from None
+
+    def _call(self, user: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={
+                "X-SLURM-USER-NAME": user,
+                "X-SLURM-USER-TOKEN": self._token(user),
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=COMMAND_TIMEOUT) as answer:
+                return answer.status, json.load(answer)
+        except urllib.error.HTTPError as error:
+            try:
+                return error.code, json.load(error)
+            except ValueError:
+                raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {error.code}") from None
+        except (OSError, ValueError) as error:
+            raise SlurmUnavailable(f"slurmrestd at {self.url} did not answer: {error}") from None
+
+    def _parser(self, user: str) -> str:
+        if self.parser is None:
+            status, spec = self._call(user, "GET", "/openapi/v3")
+            found = newest_parser(list(spec.get("paths", {})) if isinstance(spec, dict) else [])
+            if status != 200 or found is None:
+                raise SlurmUnavailable(f"slurmrestd at {self.url} offers none of {', '.join(DATA_PARSERS)}")
+            self.parser = found
+        return self.parser
+
+    def submit(self, user: str, spec: JobSpec) -> Submitted:
+        home = self._home(user)
+        body = {"job": job_description(spec, spec.working_dir or home)}
+        status, answer = self._call(user, "POST", f"/slurm/{self._parser(user)}/job/submit", body)
+        if status == 200 and answer.get("job_id"):
+            return Submitted(int(answer["job_id"]), str(answer.get("job_submit_user_msg") or ""))
+        words = "; ".join(str(e.get("description") or e.get("error")) for e in answer.get("errors") or [])
+        raise RefusedBySlurm(words or f"HTTP {status}")
+
+    def cancel(self, user: str, job_id: int) -> None:
+        """Signal the job as `user`. Slurm answers 200 and names each job it did not
+        signal in `status` (a job that is gone counts as cancelled)."""
+        self._home(user)
+        status, answer = self._call(user, "DELETE", f"/slurm/{self._parser(user)}/job/{job_id}")
+        errors = [e.get("error") or {} for e in answer.get("status") or []]
+        failed = [e for e in errors if e.get("code") and e.get("code") not in JOB_GONE]
+        if any(e.get("code") == ACCESS_DENIED for e in failed):
+            raise Forbidden(f"Slurm refused to cancel job {job_id} as {user}: access/permission denied")
+        if status != 200 or failed or answer.get("errors"):
+            words = "; ".join(
+                str(e.get("message") or e.get("description") or e.get("error"))
+                for e in [*failed, *(answer.get("errors") or [])]
+            )
+            raise SlurmUnavailable(f"slurmrestd could not cancel job {job_id}: {words or f'HTTP {status}'}")

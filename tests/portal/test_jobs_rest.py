@@ -1,0 +1,181 @@
+"""The slurmrestd backend (portal/jobs/rest.py) against slurmrestd's recorded answers
+(tests/support/fake_slurmrestd.py): the token each request carries, the job description,
+the REST API version per Slurm, a refusal worded from the ledger's quote, cancels Slurm
+did not do. The real slurmrestd is tests/slurm/test_slurm_jobs_api.py on 24.11 and 26.05."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from ledger.errors import InvalidInput
+from ledger.jobs.retries import RetryPolicy
+from portal.auth import Forbidden
+from portal.jobs.backend import JobSpec, Submitted
+from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib, user_token
+from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, token_user
+from tests.support.portal import Site, bearer
+
+KEY = b"0123456789abcdef0123456789abcdef"
+USERS = {"alice": (1001, "/home/alice"), "root": (0, "/root")}
+SPEC = JobSpec("physics", "#!/bin/sh\nsleep 1\n", "h100:1", "00:01:30")
+
+
+def passwd(user: str) -> tuple[int, str]:
+    return USERS[user]
+
+
+@pytest.fixture(params=["24.11", "26.05"])
+def slurmrestd(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[FakeSlurmrestd, RestBackend]]:
+    key = tmp_path / "jwt_hs256.key"
+    key.write_bytes(KEY)
+    with serving(FakeSlurmrestd(request.param, KEY)) as fake:
+        yield fake, RestBackend(fake.url, str(key), passwd=passwd)
+
+
+def test_a_token_names_its_user_for_a_minute_and_is_signed_with_the_key() -> None:
+    token = user_token(KEY, "alice", 1_000_000)
+    assert token_user(token, KEY, 1_000_059) == "alice"
+    assert token_user(token, KEY, 1_000_060) is None  # expired
+    assert token_user(token, b"another key", 1_000_000) is None
+    header, payload, _ = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims == {"iat": 1_000_000, "exp": 1_000_060, "sun": "alice"}
+    assert json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4))) == {
+        "alg": "HS256",
+        "typ": "JWT",
+    }
+
+
+def test_the_job_description_is_what_sbatch_would_be_given() -> None:
+    spec = JobSpec(
+        "physics",
+        "#!/bin/sh\nsleep 1\n",
+        "h100:2",
+        "1-00:00:01",
+        name="train",
+        cpus=4,
+        memory="1500K",
+        environment={"EPOCHS": "3"},
+        max_cost="12.5",
+        cloud="yes",
+        retry=RetryPolicy(max_retries=2, on=("exit:75",), backoff_seconds=30),
+    )
+    assert job_description(spec, "/home/alice/") == {
+        "script": "#!/bin/sh\nsleep 1\n",
+        "account": "physics",
+        "tres_per_node": "gres/gpu:h100:2",
+        "time_limit": {"set": True, "infinite": False, "number": 1441},  # minutes, rounded up as sbatch does
+        "current_working_directory": "/home/alice/",
+        "standard_output": "/home/alice/slurm-%j.out",
+        "environment": ["EPOCHS=3", "PATH=/usr/local/bin:/usr/bin:/bin"],
+        "name": "train",
+        "cpus_per_task": 4,
+        "memory_per_node": {"set": True, "infinite": False, "number": 2},
+        "requeue": True,
+        "comment": "gpucredit:max_cost=12.5,cloud=yes",
+    }
+    assert [memory_mib(m) for m in ("16G", "16", "1T", "1K")] == [16384, 16, 1048576, 1]
+
+
+def test_a_submit_goes_to_the_newest_rest_version_as_the_user(
+    slurmrestd: tuple[FakeSlurmrestd, RestBackend],
+) -> None:
+    fake, backend = slurmrestd
+    submitted = backend.submit("alice", SPEC)
+    answer = recorded(fake.version, "submit")["body"]
+    assert submitted == Submitted(answer["job_id"], answer["job_submit_user_msg"])
+    newest = {"24.11": "v0.0.42", "26.05": "v0.0.45"}[fake.version]
+    [(_, _, _, _), (method, path, user, body)] = fake.requests  # the OpenAPI document, then the submit
+    assert (method, path, user) == ("POST", f"/slurm/{newest}/job/submit", "alice")
+    assert body == {"job": job_description(SPEC, "/home/alice")}
+    backend.submit("alice", SPEC)
+    assert len(fake.requests) == 3  # the version is asked once
+
+
+def test_a_refused_submit_carries_slurmrestds_words(slurmrestd: tuple[FakeSlurmrestd, RestBackend]) -> None:
+    fake, backend = slurmrestd
+    fake.submit_answer = "submit_refused"
+    with pytest.raises(RefusedBySlurm) as refused:
+        backend.submit("alice", SPEC)
+    assert (refused.value.code, refused.value.message) == ("slurm_refused", "Batch job submission failed")
+
+
+def test_root_and_unknown_users_get_no_token(slurmrestd: tuple[FakeSlurmrestd, RestBackend]) -> None:
+    fake, backend = slurmrestd
+    for user, words in (
+        ("root", "root is a system user (uid below 1000)"),
+        ("mallory", "mallory is not a user"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            backend.submit(user, SPEC)
+        assert refused.value.message.startswith(words)
+        with pytest.raises(InvalidInput):
+            backend.cancel(user, 7)
+    assert fake.requests == []
+
+
+def test_a_cancel_slurm_refused_is_forbidden_and_one_of_a_job_gone_is_done(
+    slurmrestd: tuple[FakeSlurmrestd, RestBackend],
+) -> None:
+    fake, backend = slurmrestd
+    fake.cancel_answers = {2: "cancel_not_yours", 999999: "cancel_unknown"}
+    backend.cancel("alice", 1)
+    backend.cancel("alice", 999999)
+    with pytest.raises(Forbidden) as refused:
+        backend.cancel("alice", 2)
+    assert refused.value.message == "Slurm refused to cancel job 2 as alice: access/permission denied"
+
+
+def test_a_token_signed_with_another_key_is_refused_by_slurmrestd(
+    slurmrestd: tuple[FakeSlurmrestd, RestBackend], tmp_path: Path
+) -> None:
+    fake, _ = slurmrestd
+    wrong = tmp_path / "wrong.key"
+    wrong.write_bytes(b"not the cluster's key")
+    backend = RestBackend(fake.url, str(wrong), passwd=passwd)
+    with pytest.raises(Exception, match="slurmrestd GET /openapi/v3: HTTP 401"):
+        backend.submit("alice", SPEC)
+
+
+@pytest.fixture
+def rest_app(app: Flask, tmp_path: Path) -> Iterator[FakeSlurmrestd]:
+    key = tmp_path / "jwt_hs256.key"
+    key.write_bytes(KEY)
+    with serving(FakeSlurmrestd("26.05", KEY, submit_answer="submit_refused")) as fake:
+        app.extensions["gpucredit.jobs_backend"] = RestBackend(
+            fake.url, str(key), passwd=lambda user: (1001, f"/home/{user}")
+        )
+        yield fake
+
+
+def test_a_refusal_through_slurmrestd_is_worded_from_the_ledgers_quote(
+    client: FlaskClient, site: Site, rest_app: FakeSlurmrestd
+) -> None:
+    body = {**SPEC.as_request(), "script": SPEC.script, "time_limit": "00:01:00"}
+    over = client.post("/api/v1/jobs", json={**body, "max_cost": "0.01"}, headers=bearer(site.tokens["bob"]))
+    assert over.status_code == 422, over.get_json()
+    error = over.get_json()["error"]
+    assert error["code"] == "refused"
+    assert error["message"] == (
+        "gpucredit: the job's cheapest run would cost 0.06 credits in the default partition, over its limit "
+        "of 0.01 a run: raise max_cost, or ask for fewer GPUs or less time"
+    )
+    assert error["details"] == {"slurmrestd": "Batch job submission failed", "verdict": "over_limit"}
+    dear = {**body, "account": "chemistry", "gpus": "h100:8", "time_limit": "10:00:00"}
+    poor = client.post("/api/v1/jobs", json=dear, headers=bearer(site.tokens["carol"]))
+    assert poor.status_code == 402, poor.get_json()
+    assert poor.get_json()["error"]["message"].startswith("gpucredit: this job would cost 288.00 credits; ")
+    # A refusal the quote does not explain (job_submit refused on what the ledger's quote
+    # cannot see) keeps Slurm's own words.
+    fine = client.post("/api/v1/jobs", json=body, headers=bearer(site.tokens["bob"]))
+    assert (fine.status_code, fine.get_json()["error"]["code"]) == (422, "slurm_refused")
+    assert fine.get_json()["error"]["message"] == "Batch job submission failed"
