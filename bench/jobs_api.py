@@ -1,19 +1,21 @@
-"""The jobs API on the host's Slurm 22.05 box: a submission through POST /api/v1/jobs
-over alice's own sbatch of the same job, and GET /api/v1/jobs with 1,000 jobs in one
-account.
+"""The jobs API on a Slurm box: a submission through POST /api/v1/jobs over alice's own
+sbatch of the same job, and GET /api/v1/jobs with 1,000 jobs in one account.
 
-Needs root and the box (`make slurm-up`); run it under the box's lock:
+Needs root and the box (`make slurm-up [SLURM=26.05]`); run it under the box's lock:
 
     flock /tmp/gpucredit-box.lock .venv/bin/python -m bench.jobs_api \\
-        [--submissions 30] [--jobs 1000] [--reads 200]
+        [--slurm 22.05|24.11|26.05] [--submissions 30] [--jobs 1000] [--reads 200]
 
 The portal is the real app on the box's ledger, served in this process (Flask's test
-client: no HTTP server in the figure), with the real submitter on a Unix socket, as
-tests/slurm/test_slurm_jobs_api.py wires them. The two submit arms take turns (ABBA):
-the API arm is the whole path (the request's checks, the submitter's peer check and its
-runuser checks, sbatch through job_submit.lua); the sbatch arm runs the very argv the
-submitter builds for that spec (`portal.jobs.submitter.sbatch_argv`), the script on
-stdin. Every job is cancelled at the end.
+client: no HTTP server in the figure), wired to Slurm as tests/slurm/test_slurm_jobs_api.py
+wires it: on 22.05 the real submitter on a Unix socket, on 24.11 and 26.05 the box's
+slurmrestd with a token signed for alice. The two submit arms take turns (ABBA): the API
+arm is the whole path (the request's checks, the submitter's peer check and its runuser
+checks or the token and slurmrestd's HTTP, sbatch's work through job_submit.lua); the
+sbatch arm runs the very argv the submitter builds for that spec
+(`portal.jobs.submitter.sbatch_argv`), the script on stdin; in a chroot box it is timed
+inside the box, around sbatch alone (`date +%s%N` before and after: two forks of `date`
+counted against sbatch). Every job is cancelled at the end.
 
 The list is read from a fresh account holding `--jobs` held jobs (submitted by sbatch,
 so nothing runs), the first page (50) and a state filter each timed `--reads` times.
@@ -40,9 +42,11 @@ from ledger import api
 from ledger.config import load_config
 from ledger.store.db import make_engine, make_sessionmaker
 from portal import create_app
-from portal.jobs.backend import SubmitterBackend
-from portal.jobs.submitter import Submitter, sbatch_argv, serve
-from slurmbox import SlurmBox
+from portal.jobs.backend import JobBackend, SubmitterBackend
+from portal.jobs.rest import RestBackend
+from portal.jobs.submitter import Submitter, sbatch_argv, sbatch_options, serve
+from slurmbox import SlurmBox, versions
+from slurmbox.chroot import JWT_KEY, ChrootBox
 
 CONFIG = Path(os.environ.get("GPUCREDIT_CONFIG", "/etc/gpucredit/gpucredit.toml"))
 USER = "alice"
@@ -57,36 +61,48 @@ def _ok(argv: list[str], **kwargs: Any) -> str:
 
 
 class Bench:
-    """The box's ledger, a fresh account with alice in it, the portal and the submitter."""
+    """The box's ledger, a fresh account with alice in it, the portal and its way to Slurm."""
 
-    def __init__(self, workdir: Path) -> None:
-        config = load_config(CONFIG)
+    def __init__(self, workdir: Path, box: SlurmBox | ChrootBox) -> None:
+        self.box = box
+        config = load_config(box.inside(str(CONFIG)) if isinstance(box, ChrootBox) else CONFIG)
+        url = str(config["database"]["url"])
+        if isinstance(box, ChrootBox) and url.startswith("sqlite:////"):  # its embedded ledger, from here
+            config["database"]["url"] = f"sqlite:///{box.inside(url.removeprefix('sqlite:///'))}"
         self.engine = make_engine(config["database"]["url"])
         self.account = f"benchjobs{secrets.token_hex(3)}"
-        _ok(["sacctmgr", "-i", "add", "account", self.account, "cluster=lab"])
-        _ok(["sacctmgr", "-i", "add", "user", USER, f"account={self.account}"])
+        box.run(["sacctmgr", "-i", "add", "account", self.account, "cluster=lab"], check=True)
+        box.run(["sacctmgr", "-i", "add", "user", USER, f"account={self.account}"], check=True)
         with make_sessionmaker(self.engine)() as s, s.begin():
             api.create_account(s, self.account)
             api.add_member(s, USER, self.account)
             api.topup(s, self.account, "100000")
             token = api.create_token(s, USER, "user")[1]
         self.headers = {"Authorization": f"Bearer {token}"}
-        socket_path = str(workdir / "submitter.sock")
-        self.ready, self.stop = threading.Event(), threading.Event()
-        threading.Thread(
-            target=serve,
-            args=(socket_path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
-            kwargs={"ready": self.ready, "stop": self.stop},
-            daemon=True,
-        ).start()
-        if not self.ready.wait(10):
-            raise SystemExit("the submitter did not start")
+        self.stop = threading.Event()
         config["portal"].update({"rate_limit_storage": "memory://", "api_rate_limit": "100000 per minute"})
         app = create_app({"GPUCREDIT": config, "SECRET_KEY": secrets.token_hex(16)})
-        app.extensions["gpucredit.jobs_backend"] = SubmitterBackend(socket_path, "/usr/bin")
+        app.extensions["gpucredit.jobs_backend"] = self._backend(box, workdir)
         self.app = app
         self.client = app.test_client()
         self.jobs: list[str] = []
+
+    def _backend(self, box: SlurmBox | ChrootBox, workdir: Path) -> JobBackend:
+        if isinstance(box, ChrootBox):
+            if box.rest_url is None:
+                raise SystemExit(f"the Slurm {box.version.name} box's root has no slurmrestd")
+            return RestBackend(box.rest_url, str(box.inside(JWT_KEY)), box.client_dir(), passwd=box.passwd)
+        socket_path = str(workdir / "submitter.sock")
+        ready = threading.Event()
+        threading.Thread(
+            target=serve,
+            args=(socket_path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
+            kwargs={"ready": ready, "stop": self.stop},
+            daemon=True,
+        ).start()
+        if not ready.wait(10):
+            raise SystemExit("the submitter did not start")
+        return SubmitterBackend(socket_path, "/usr/bin")
 
     def spec(self) -> dict[str, Any]:
         return {"account": self.account, "script": SCRIPT, "gpus": "h100:1", "time_limit": "00:01:00"}
@@ -102,6 +118,16 @@ class Bench:
         return seconds
 
     def sbatch_submit(self) -> float:
+        if isinstance(self.box, ChrootBox):  # timed inside the box, around sbatch alone
+            home = self.box.passwd(USER)[1]
+            timed = (
+                'a=$(date +%s%N); id=$(sbatch --parsable "$@") || exit 1; '
+                'b=$(date +%s%N); echo "$id $((b - a))"'
+            )
+            argv = ["sh", "-c", timed, "sh", "--export=ALL", *sbatch_options(self.spec()), "-D", home]
+            job_id, nanoseconds = self.box.run(argv, user=USER, input=SCRIPT, check=True).stdout.split()
+            self.jobs.append(job_id.split(";")[0])
+            return int(nanoseconds) / 1e9
         argv = sbatch_argv(self.spec(), pwd.getpwnam(USER), sbatch="/usr/bin/sbatch")
         began = time.perf_counter()
         job_id = _ok(argv, input=SCRIPT, cwd="/")
@@ -111,11 +137,10 @@ class Bench:
 
     def fill(self, count: int) -> None:
         """`count` held jobs in the account (sbatch --hold: listed, never started)."""
-        argv = ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/sbatch", "--parsable", "--hold"]
-        argv += ["-A", self.account, "--gres=gpu:h100:1", "-t", "1", "-o", "/dev/null", "-D", "/tmp"]
-        argv += ["--wrap", "true"]
+        argv = ["sbatch", "--parsable", "--hold", "-A", self.account, "--gres=gpu:h100:1", "-t", "1"]
+        argv += ["-o", "/dev/null", "-D", "/tmp", "--wrap", "true"]
         for _ in range(count):
-            self.jobs.append(_ok(argv).strip().split(";")[0])
+            self.jobs.append(self.box.run(argv, user=USER, check=True).stdout.strip().split(";")[0])
 
     def read(self, path: str) -> tuple[float, dict[str, Any]]:
         began = time.perf_counter()
@@ -126,9 +151,12 @@ class Bench:
         body: dict[str, Any] = answer.get_json()
         return seconds, body
 
-    def close(self) -> None:
+    def cancel_all(self) -> None:
         for start in range(0, len(self.jobs), 500):
-            subprocess.run(["scancel", *self.jobs[start : start + 500]], capture_output=True, timeout=60)
+            self.box.run(["scancel", *self.jobs[start : start + 500]], timeout=60)
+
+    def close(self) -> None:
+        self.cancel_all()
         self.stop.set()
         self.app.extensions["gpucredit.engine"].dispose()
         self.engine.dispose()
@@ -139,13 +167,15 @@ def main() -> None:
     parser.add_argument("--submissions", type=int, default=30, help="per arm, taking turns")
     parser.add_argument("--jobs", type=int, default=1000, help="held jobs in the listed account")
     parser.add_argument("--reads", type=int, default=200, help="timed reads of each list")
+    parser.add_argument("--slurm", default=versions.HOST, choices=sorted(versions.VERSIONS), help="the box")
     args = parser.parse_args()
-    box = SlurmBox()
+    version = versions.get(args.slurm)
+    box = ChrootBox(version) if version.chroot else SlurmBox()
     was_up = box.is_up()
     box.up()
     workdir = Path(f"/run/gpucredit-bench-{os.getpid()}")
     workdir.mkdir(mode=0o700)
-    bench = Bench(workdir)
+    bench = Bench(workdir, box)
     try:
         bench.api_submit(), bench.sbatch_submit()  # warm-ups
         arms: dict[str, list[float]] = {"api": [], "sbatch": []}
@@ -154,7 +184,7 @@ def main() -> None:
                 arms["api"].append(bench.api_submit())
             else:
                 arms["sbatch"].append(bench.sbatch_submit())
-        subprocess.run(["scancel", *bench.jobs], capture_output=True, timeout=60)
+        bench.cancel_all()
         began = time.monotonic()
         bench.fill(args.jobs)
         filled = time.monotonic() - began
@@ -175,7 +205,7 @@ def main() -> None:
     api_ms, sbatch_ms = (statistics.median(arms[arm]) * 1000 for arm in ("api", "sbatch"))
     print(
         f"submit median over {len(arms['api'])} each, taking turns: POST /api/v1/jobs {api_ms:.1f} ms, "
-        f"the same sbatch as alice {sbatch_ms:.1f} ms"
+        f"the same sbatch as alice {sbatch_ms:.1f} ms (Slurm {version.name})"
     )
     print(
         f"{args.jobs} held jobs in {bench.account} submitted in {filled:.1f} s; the first page has "
@@ -187,9 +217,10 @@ def main() -> None:
             f"GET {path.replace(bench.account, 'ACCOUNT')}: p50 {percentile(times, 0.5) * 1000:.1f} ms, "
             f"p99 {percentile(times, 0.99) * 1000:.1f} ms over {len(times)} reads"
         )
-    report("jobs: submit through the API ÷ sbatch", api_ms / sbatch_ms, goal=2, must=3, better="<=")
+    suffix = f", Slurm {version.name}" if version.chroot else ""
+    report(f"jobs: submit through the API ÷ sbatch{suffix}", api_ms / sbatch_ms, goal=2, must=3, better="<=")
     report(
-        f"jobs: GET /api/v1/jobs p99, {args.jobs:,} jobs in the account",
+        f"jobs: GET /api/v1/jobs p99, {args.jobs:,} jobs in the account{suffix}",
         percentile(reads[first], 0.99) * 1000,
         goal=200,
         must=400,

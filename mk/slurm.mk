@@ -24,10 +24,10 @@ slurm-rootfs: venv  ## build (or find cached) the root filesystem of a chroot ve
 # up as `make slurm-up` brings it (gpucredit's own daemons and hooks), the versions' own
 # modules (test_slurm_versions*.py, which use those) run first, then the rest of the
 # suite (each module wires the box to a ledger of its own and puts it back), then the box
-# goes down whatever failed. Two modules run on the host's box only, so not here: the
-# box's cloud (State=CLOUD nodes against moto, GPUCREDIT_BOX_CLOUD=1) and the jobs API
-# through the 22.05 submitter (24.11 and 26.05 are to use slurmrestd: issue 32).
-HOST_BOX_ONLY := tests/slurm/test_slurm_cloud.py tests/slurm/test_slurm_jobs_api.py
+# goes down whatever failed. One module runs on the host's box only, so not here: the
+# box's cloud (State=CLOUD nodes against moto, GPUCREDIT_BOX_CLOUD=1). The jobs API runs
+# on each: the submitter on 22.05, the box's slurmrestd on 24.11 and 26.05.
+HOST_BOX_ONLY := tests/slurm/test_slurm_cloud.py
 SLURM_VERSIONS ?= 24.11 26.05
 SLURM_VERSION_MODULES := tests/slurm/test_slurm_versions.py tests/slurm/test_slurm_versions_e2e.py
 .PHONY: test-slurm-versions

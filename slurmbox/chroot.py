@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -93,6 +94,7 @@ LOG_DIR = "/var/log/gpucredit-box"
 JOB_DIR = "/tmp/gpucredit-box-jobs"
 FAKE_GPU_DIR = f"{STATE_DIR}/fakegpu"
 CONFIG = "/etc/gpucredit/gpucredit.toml"
+JWT_KEY = slurmconf.DEFAULT_JWT_KEY  # auth/jwt's key: slurmctld checks tokens, the portal mints them
 VENV_BIN = f"{rootfs.VENV}/bin"
 # What commands in the box see; `run` adds TERM and the user's own extras.
 ENV = {
@@ -110,7 +112,7 @@ _MUNGE_CHECK = "/usr/bin/munge -n </dev/null | /usr/bin/unmunge"
 # slurmbox is not in the wheel the root's venv installs: its copy in rootfs.HARNESS is.
 _GPUCREDIT_SITE = (
     f"import sys; sys.path.insert(0, {rootfs.HARNESS!r}); "
-    "from slurmbox import gpucredit_site; print('\\n'.join(gpucredit_site.up()))"
+    "from slurmbox import gpucredit_site; print('\\n'.join(gpucredit_site.up(**{kwargs})))"
 )
 
 
@@ -120,6 +122,7 @@ class _Daemon:
     argv: tuple[str, ...]
     log: str  # inside the root
     user: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # beside _DAEMON_ENV
 
 
 def _daemons() -> dict[str, _Daemon]:
@@ -132,6 +135,18 @@ def _daemons() -> dict[str, _Daemon]:
         _Daemon(f"slurmd-{n}", ("/usr/sbin/slurmd", "-D", "-N", n), f"{LOG_DIR}/slurmd.{n}.log")
         for n in NODES
     ]
+    # Never as root or SlurmUser (it refuses); the address is the version's (spawn adds it).
+    # SLURM_JWT=daemon: it speaks to slurmctld with each caller's token (auth/jwt), not
+    # as itself (auth/munge rejects "thread config token"; Slurm's rest_quickstart).
+    daemons.append(
+        _Daemon(
+            "slurmrestd",
+            ("/usr/sbin/slurmrestd", "-a", "rest_auth/jwt"),
+            f"{LOG_DIR}/slurmrestd.out",
+            "slurmrestd",
+            (("SLURM_JWT", "daemon"),),
+        )
+    )
     return {d.name: d for d in daemons}
 
 
@@ -152,6 +167,12 @@ def _enter(namespace_pid: int | None, root: str, cwd: str) -> None:
         os.chdir(cwd)
     except OSError:
         os.chdir("/")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _passwd_ids(root: Path, user: str) -> tuple[int, int]:
@@ -211,6 +232,32 @@ class ChrootBox(BoxCommands):
         """A path inside the root, as the host sees it."""
         return self.root / path.lstrip("/")
 
+    @property
+    def has_rest(self) -> bool:
+        """Whether the root has slurmrestd and auth/jwt (24.11's and 26.05's suites do;
+        bookworm's 22.05 has no auth_jwt plugin)."""
+        return (self.root / "usr/sbin/slurmrestd").exists() and any(
+            self.root.glob("usr/lib/*/slurm-wlm/auth_jwt.so")
+        )
+
+    @property
+    def rest_url(self) -> str | None:
+        """slurmrestd's address (the host's network), or None where the root has none."""
+        return f"http://127.0.0.1:{self.version.ports['slurmrestd']}" if self.has_rest else None
+
+    def passwd(self, user: str) -> tuple[int, str]:
+        """(uid, home) of `user` as the root's passwd has it; KeyError if it has none (a
+        portal on the box's host acts for the box's users: portal.jobs.rest)."""
+        found = self.run(["getent", "passwd", user]).stdout.split(":")
+        if len(found) < 7:
+            raise KeyError(user)
+        return int(found[2]), found[5]
+
+    @property
+    def portal_port(self) -> int:
+        """The portal's port (the host box's is 8088): where the root has slurmrestd."""
+        return self.version.port_base + 88
+
     def resolved_hooks(self) -> str:
         mode = "gpucredit" if self.hooks == "auto" else self.hooks
         if mode not in ("gpucredit", "passthrough"):
@@ -252,6 +299,8 @@ class ChrootBox(BoxCommands):
                 "cloud_lines": "",  # the box's cloud runs on the host's 22.05 box only
             },
         )
+        if self.has_rest:
+            text += slurmconf.jwt_lines(JWT_KEY)
         return self._ports(text, "slurm.conf")
 
     def render_slurmdbd_conf(self) -> str:
@@ -292,6 +341,8 @@ class ChrootBox(BoxCommands):
             "supervisor": self.supervisor_pid(),
             "daemons": {name: (pid if _alive(pid) else None) for name, pid in daemons.items()},
             "ports": self.version.ports,
+            "slurmrestd": self.rest_url,
+            "portal": f"http://127.0.0.1:{self.portal_port}/" if self.has_rest else None,
             "hooks": info.get("hooks") if isinstance(info, dict) else None,
             "installed": built.get("installed") if isinstance(built, dict) else None,
         }
@@ -592,7 +643,7 @@ class _Supervisor:
         except BoxError:
             return False
 
-    def spawn(self, name: str) -> None:
+    def spawn(self, name: str, *extra: str) -> None:
         daemon = DAEMONS[name]
         root = str(self.root)
         ids = _passwd_ids(self.root, daemon.user) if daemon.user else None
@@ -607,8 +658,8 @@ class _Supervisor:
         out = open(self.box.inside(f"{LOG_DIR}/{name}.out"), "ab")  # noqa: SIM115 (handed to the child)
         try:
             proc = subprocess.Popen(
-                daemon.argv,
-                env=_DAEMON_ENV,
+                [*daemon.argv, *extra],
+                env={**_DAEMON_ENV, **dict(daemon.env)},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -679,6 +730,16 @@ class _Supervisor:
         for user in USERS:
             if not self.cok(["/usr/bin/getent", "passwd", user]):
                 self.crun(["/usr/sbin/useradd", "-m", "-s", "/bin/bash", user])
+        if box.has_rest:
+            if not self.cok(["/usr/bin/getent", "passwd", "slurmrestd"]):
+                self.crun(["/usr/sbin/useradd", "-r", "-M", "-s", "/usr/sbin/nologin", "slurmrestd"])
+            key = box.inside(JWT_KEY)
+            if not key.exists():  # kept across starts: tokens minted before a restart stay good
+                _write(key, os.urandom(32).hex(), 0o600)
+            config = box.inside(CONFIG)  # kept across starts, but one from before has no slurmrestd
+            if config.exists() and "jobs_backend" not in config.read_text():
+                config.replace(config.with_name("gpucredit.toml.before-slurmrestd"))
+                self.log(f"moved aside {CONFIG} (written before the box ran slurmrestd); a new one follows")
         self.install_hooks()
 
     def install_hooks(self) -> None:
@@ -738,6 +799,19 @@ class _Supervisor:
         for node in NODES:
             self.spawn(f"slurmd-{node}")
         self.wait_ready()
+        if self.box.has_rest:
+            self.start_slurmrestd()
+
+    def start_slurmrestd(self) -> None:
+        port = self.box.version.ports["slurmrestd"]
+        self.spawn("slurmrestd", f"127.0.0.1:{port}")
+        _wait_until(
+            lambda: _listening(port),
+            self.box.timeout_s,
+            f"slurmrestd did not listen on 127.0.0.1:{port}",
+            self.logs("slurmrestd"),
+            self.died("slurmrestd"),
+        )
 
     def add_associations(self) -> None:
         lines = ["Cluster - 'lab'"]
@@ -790,7 +864,10 @@ class _Supervisor:
         """gpucredit's side, as `make slurm-up` sets it up on the host (slurmbox.gpucredit_site):
         config, ledger, accounts, prices, hooks again with the config's settings, two daemons.
         The daemons outlive the command; as this process is a subreaper, it adopts them."""
-        proc = self.crun([f"{VENV_BIN}/python", "-c", _GPUCREDIT_SITE], env=ENV, timeout=120, check=False)
+        box = self.box
+        kwargs = {"portal": box.has_rest, "portal_port": box.portal_port, "slurmrestd": box.rest_url}
+        site = _GPUCREDIT_SITE.replace("{kwargs}", repr(kwargs))
+        proc = self.crun([f"{VENV_BIN}/python", "-c", site], env=ENV, timeout=120, check=False)
         if proc.returncode != 0:
             raise BoxError(
                 f"gpucredit did not start in the box: {proc.stderr.strip() or proc.stdout.strip()}"

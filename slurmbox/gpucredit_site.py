@@ -5,9 +5,10 @@ mirrors Slurm's accounts, sets the demo prices when none are set, installs the
 hooks and starts two `gpucredit daemon`s in the background, as on a site with a
 backup controller (docs/admin-guide.md "Two controllers"): the hooks list both
 sockets and fail over; kill one (`kill $(cat /run/gpucredit/daemon.pid)`) and jobs
-still hold and settle through the other. On the host's box (22.05) it also starts the
-portal on PORTAL_URL and the job submitter behind it (docs/admin-guide.md §4b), with
-MUNGE sign-on, so a user's `gpucredit job ...` needs no token. Then:
+still hold and settle through the other. It also starts the portal (on PORTAL_PORT on
+the host's 22.05 box, the job submitter behind it; on a chroot box its own port, jobs
+through the box's slurmrestd: docs/admin-guide.md §4b), with MUNGE sign-on, so a
+user's `gpucredit job ...` needs no token. Then:
 
     gpucredit topup physics 100
     runuser -u alice -- sbatch -D /tmp -A physics --gres=gpu:h100:2 -t 10 --wrap 'sleep 30'
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_hooks.admin.slurmconf import DEFAULT_JWT_KEY
 from slurmbox.box import BoxError
 
 # The gpucredit next to this interpreter (the venv's in a clone: `make slurm-up`).
@@ -46,7 +48,6 @@ LEDGER = Path("/var/lib/gpucredit/gpucredit.db")  # the embedded ledger CONFIG_T
 # The portal (as root here; a site runs it as its own user) and the root submitter that
 # answers that uid alone.
 PORTAL_PORT = 8088
-PORTAL_URL = f"http://127.0.0.1:{PORTAL_PORT}/"
 PORTAL_PID_FILE = Path("/run/gpucredit/portal.pid")
 SUBMITTER_PID_FILE = Path("/run/gpucredit/submitter.pid")
 SUBMITTER_SOCKET = Path("/run/gpucredit/submitter.sock")
@@ -65,7 +66,15 @@ site = "cloud"
 [routing]
 burst_after_seconds = 5
 """
-CONFIG_TEXT = f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
+
+
+def config_text(portal_port: int = PORTAL_PORT, slurmrestd: str | None = None) -> str:
+    """The box's config: the portal's jobs through the submitter (22.05), or through
+    `slurmrestd` with tokens signed by the box's JWT key (the chroot boxes)."""
+    jobs = f'submitter_socket = "{SUBMITTER_SOCKET}"'
+    if slurmrestd is not None:
+        jobs = f'jobs_backend = "slurmrestd"\nslurmrestd_url = "{slurmrestd}"\njwt_key = "{DEFAULT_JWT_KEY}"'
+    return f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
 url = "sqlite:///{LEDGER}"
 
@@ -87,11 +96,13 @@ log_file = "{LOG_DIR / "hooks.log"}"
 spool_dir = "/var/spool/gpucredit/%n"
 
 [portal]
-url = "{PORTAL_URL}"
-port = {PORTAL_PORT}
-submitter_socket = "{SUBMITTER_SOCKET}"
+url = "http://127.0.0.1:{portal_port}/"
+port = {portal_port}
+{jobs}
 munge_auth = true
 {ROUTING_TEXT}"""
+
+
 _DAEMON_START_S = 20
 _DAEMONS = ((PID_FILE, SOCKET, "daemon.log"), (BACKUP_PID_FILE, BACKUP_SOCKET, "backup-daemon.log"))
 
@@ -117,12 +128,13 @@ def running_pid(pid_file: Path = PID_FILE) -> int | None:
     return None if "State:\tZ" in status else pid
 
 
-def up(*, portal: bool = False) -> list[str]:
+def up(*, portal: bool = False, portal_port: int = PORTAL_PORT, slurmrestd: str | None = None) -> list[str]:
     """Set gpucredit up on the running box and start its daemons (`portal`: the portal
-    and the submitter too); returns what to tell the admin."""
+    too, and the submitter unless its jobs go through `slurmrestd`); returns what to
+    tell the admin."""
     if not CONFIG.exists():
         CONFIG.parent.mkdir(parents=True, exist_ok=True)
-        CONFIG.write_text(CONFIG_TEXT)
+        CONFIG.write_text(config_text(portal_port, slurmrestd))
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     said = [gpucredit("init").strip(), gpucredit("account", "import-slurm").strip()]
     make_private(LEDGER)
@@ -139,7 +151,7 @@ def up(*, portal: bool = False) -> list[str]:
     said += [
         f"gpucredit daemons running (pids {running_pid()}, {running_pid(BACKUP_PID_FILE)}); "
         f"config {CONFIG}; hook log {LOG_DIR / 'hooks.log'}",
-        *(_start_portal() if portal else []),
+        *(_start_portal(portal_port, slurmrestd) if portal else []),
         "try: gpucredit topup physics 100 && runuser -u alice -- sbatch -D /tmp -A physics "
         "--gres=gpu:h100:2 -t 10 --wrap 'sleep 30'",
     ]
@@ -175,18 +187,23 @@ def weigh_as_its_unit(pid: int) -> str:
         return f"default: could not weigh it as its systemd unit does ({error})"
 
 
-def _start_portal() -> list[str]:
-    """The submitter, then the portal, each once; what to tell the admin."""
-    if running_pid(SUBMITTER_PID_FILE) is None:
+def _start_portal(port: int, slurmrestd: str | None) -> list[str]:
+    """The submitter (unless jobs go through slurmrestd), then the portal, each once;
+    what to tell the admin."""
+    if slurmrestd is None and running_pid(SUBMITTER_PID_FILE) is None:
         SUBMITTER_SOCKET.unlink(missing_ok=True)
         argv = ["submitter", "serve", "--socket", str(SUBMITTER_SOCKET), "--allow-uid", str(os.getuid())]
         _background(argv, SUBMITTER_PID_FILE, "submitter.log", SUBMITTER_SOCKET.exists)
     if running_pid(PORTAL_PID_FILE) is None:
-        _background(["serve"], PORTAL_PID_FILE, "portal.log", lambda: _answers(PORTAL_PORT))
+        _background(["serve"], PORTAL_PID_FILE, "portal.log", lambda: _answers(port))
+    jobs = (
+        f"slurmrestd at {slurmrestd}"
+        if slurmrestd is not None
+        else f"the submitter (pid {running_pid(SUBMITTER_PID_FILE)})"
+    )
     return [
-        f"portal on {PORTAL_URL} (pid {running_pid(PORTAL_PID_FILE)}), jobs through the submitter "
-        f"(pid {running_pid(SUBMITTER_PID_FILE)}); a user needs no token: "
-        "runuser -u alice -- .venv/bin/gpucredit job list"
+        f"portal on http://127.0.0.1:{port}/ (pid {running_pid(PORTAL_PID_FILE)}), jobs through {jobs}; "
+        f"a user needs no token: runuser -u alice -- {GPUCREDIT} job list"
     ]
 
 

@@ -52,6 +52,7 @@ __all__ = [
 CACHE_DIR = Path(os.environ.get("GPUCREDIT_BOX_CACHE", "/var/cache/gpucredit-box"))
 MIRROR = os.environ.get("GPUCREDIT_BOX_MIRROR", "http://deb.debian.org/debian")
 VARIANT = "minbase"
+DEBOOTSTRAP_TRIES = 2
 # What the box runs, as in slurmbox.box.PACKAGES less MariaDB (the box uses the host's)
 # and the metapackage: the daemons, the clients, munge, lua-socket for job_submit.lua,
 # and the suite's python3 with venv for gpucredit. procps: `ps`/`pkill` for whoever debugs.
@@ -172,26 +173,36 @@ def ensure_rootfs(version: SlurmVersion, log: Path | None = None) -> dict[str, o
     log = log or root.with_name("build.log")
     log.write_text(f"building {root} for Slurm {version.name} (Debian {version.suite})\n")
     new = root.with_name("rootfs.new")
-    shutil.rmtree(new, ignore_errors=True)
     started = time.monotonic()
     # A private mount namespace: debootstrap mounts /proc and /sys in the target and,
-    # when it fails, can leave them mounted; here they go with the namespace.
-    _logged(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "debootstrap",
-            f"--variant={VARIANT}",
-            f"--include={','.join(PACKAGES)}",
-            str(version.suite),
-            str(new),
-            MIRROR,
-        ],
-        log,
-        f"debootstrap {version.suite}",
-    )
+    # when it fails, can leave them mounted; here they go with the namespace. Tried
+    # twice from scratch: trixie's once stopped at "Tried to extract package, but file
+    # already exists" (tzdata) and went through on the next try.
+    for attempt in range(DEBOOTSTRAP_TRIES):
+        shutil.rmtree(new, ignore_errors=True)
+        try:
+            _logged(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "debootstrap",
+                    f"--variant={VARIANT}",
+                    f"--include={','.join(PACKAGES)}",
+                    str(version.suite),
+                    str(new),
+                    MIRROR,
+                ],
+                log,
+                f"debootstrap {version.suite}",
+            )
+            break
+        except RootfsError:
+            if attempt + 1 == DEBOOTSTRAP_TRIES:
+                raise
+            with log.open("a") as out:
+                out.write(f"debootstrap failed (try {attempt + 1} of {DEBOOTSTRAP_TRIES}): again\n")
     # Nothing in the root starts a service when a package is installed into it.
     policy = new / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")

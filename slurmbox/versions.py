@@ -46,6 +46,7 @@ class SlurmVersion:
             "node1": self.port_base + 18,
             "node2": self.port_base + 28,
             "node3": self.port_base + 38,
+            "slurmrestd": self.port_base + 20,  # where the root has slurmrestd and auth/jwt
         }
 
     @property

@@ -16,12 +16,14 @@ import click
 from slurm_hooks.admin.slurmconf import (
     DEFAULT_ETC_DIR,
     DEFAULT_HOOK_DIR,
+    DEFAULT_JWT_KEY,
     DEFAULT_RESUME_TIMEOUT_SECONDS,
     DEFAULT_SUSPEND_TIME_SECONDS,
     DEVICE_LINES,
     NotOurs,
     cloud_command,
     install,
+    jwt_lines,
     launcher_command,
     power_saving_lines,
     prepare_folders,
@@ -144,9 +146,20 @@ def config_command(hook_dir: str, gres: str | None, job_submit_dir: str) -> None
         text = slurm_conf_lines(hook_dir, types, job_submit_dir)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    click.echo(
-        text + DEVICE_LINES + scarcity_lines(config_path) + cloud_lines(config_path, hook_dir), nl=False
-    )
+    extra = scarcity_lines(config_path) + cloud_lines(config_path, hook_dir) + jobs_api_lines(config_path)
+    click.echo(text + DEVICE_LINES + extra, nl=False)
+
+
+def jobs_api_lines(config_path: str) -> str:
+    """slurm.conf's auth/jwt lines when the portal's jobs go through slurmrestd
+    (`[portal] jobs_backend = "slurmrestd"`), else ''."""
+    portal = _read_config(config_path).get("portal")
+    if not isinstance(portal, dict) or portal.get("jobs_backend") != "slurmrestd":
+        return ""
+    try:
+        return jwt_lines(str(portal.get("jwt_key") or DEFAULT_JWT_KEY))
+    except ValueError as e:
+        raise click.ClickException(f"{config_path}: portal.{e}") from e
 
 
 def _cloud_section(config_path: str) -> dict[str, object] | None:

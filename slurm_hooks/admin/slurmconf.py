@@ -28,12 +28,14 @@ from slurmtext.show_config import parse_show_config
 __all__ = [
     "DEFAULT_ETC_DIR",
     "DEFAULT_HOOK_DIR",
+    "DEFAULT_JWT_KEY",
     "HOOKS",
     "HOOK_LAUNCHER",
     "PACKAGED_JOB_SUBMIT_LUA",
     "NotOurs",
     "install",
     "is_ours",
+    "jwt_lines",
     "launcher_command",
     "prepare_folders",
     "read_hook_settings",
@@ -45,6 +47,7 @@ __all__ = [
 
 DEFAULT_ETC_DIR = "/etc/slurm"
 DEFAULT_HOOK_DIR = "/etc/slurm/gpucredit"
+DEFAULT_JWT_KEY = "/etc/slurm/jwt_hs256.key"  # Slurm's own example name for auth/jwt's key
 
 # `gpucredit hook <command>` -> the slurm.conf key that runs it.
 HOOKS: dict[str, str] = {
@@ -172,6 +175,20 @@ def power_saving_lines(
         "PrivateData=cloud",
         "# a node whose launch failed is DOWN with the provider's reason; to offer it again once it is",
         "# powered down, add idle_on_node_suspend to your SlurmctldParameters (Slurm 21.08 and later)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def jwt_lines(key_path: str) -> str:
+    """slurm.conf's lines for the portal's jobs API through slurmrestd (Slurm 24.11 and
+    later, Debian's slurm-wlm-jwt-plugin): slurmctld accepts a token signed with the key
+    as its user's word, so the key is as secret as root on the cluster."""
+    key_path = _require_absolute("jwt_key", key_path)
+    lines = [
+        "# gpucredit: the portal's jobs API acts for each user through slurmrestd with a short-lived",
+        f"# token it signs with {key_path} (owned by SlurmUser, mode 0600; the portal reads a copy)",
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={key_path}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -135,6 +135,20 @@ def test_config_says_which_qos_each_scarce_partition_needs(tmp_path: Path) -> No
     )
 
 
+def test_config_prints_the_jwt_lines_when_the_portals_jobs_go_through_slurmrestd(tmp_path: Path) -> None:
+    config = tmp_path / "gpucredit.toml"
+    config.write_text('[portal]\nsubmitter_socket = "/run/gpucredit/submitter.sock"\n')
+    env = {"GPUCREDIT_CONFIG": str(config), "GPUCREDIT_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    assert "AuthAltTypes" not in _config_output(env=env)
+    config.write_text('[portal]\njobs_backend = "slurmrestd"\njwt_key = "/etc/slurm/site.key"\n')
+    assert _config_output(env=env).endswith(
+        "# gpucredit: the portal's jobs API acts for each user through slurmrestd with a short-lived\n"
+        "# token it signs with /etc/slurm/site.key (owned by SlurmUser, mode 0600; the portal reads a copy)\n"
+        "AuthAltTypes=auth/jwt\n"
+        "AuthAltParameters=jwt_key=/etc/slurm/site.key\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_hooks.admin import slurmconf
 from slurmbox import SlurmBox, rootfs, versions
 from slurmbox.__main__ import _options, main
-from slurmbox.chroot import ChrootBox
+from slurmbox.chroot import JWT_KEY, ChrootBox
 
 CHROOT_VERSIONS = [v for v in versions.VERSIONS.values() if v.chroot]
 
@@ -44,7 +45,10 @@ def test_a_chroot_box_renders_the_host_box_config_on_its_own_ports(version: vers
     }
     nodes = re.findall(r"(?m)^NodeName=(\w+) .* Port=(\d+) ", conf)
     assert nodes == [("node1", f"{base}18"), ("node2", f"{base}28"), ("node3", f"{base}38")]
-    # Everything else is the host box's, line for line.
+    # Everything else is the host box's, line for line, and auth/jwt's where the root has
+    # slurmrestd (the jobs API's way to Slurm there).
+    if box.has_rest:
+        host += slurmconf.jwt_lines(JWT_KEY)
     assert re.sub(r"Port=\d+", "Port=N", conf) == re.sub(r"Port=\d+", "Port=N", host)
 
 
