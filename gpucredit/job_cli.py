@@ -139,6 +139,7 @@ def job_group() -> None:
 @click.option("--max-cost", default=None, help="credits")
 @click.option("--workdir", "working_dir", default=None, help="absolute (default: your home)")
 @click.option("--env", "environment", multiple=True, help="NAME=VALUE, repeatable")
+@click.option("--container", default=None, help="an OCI bundle directory to run it in (absolute)")
 @click.option(
     "--retry",
     "retry_max",
@@ -165,6 +166,7 @@ def submit_command(
     max_cost: str | None,
     working_dir: str | None,
     environment: tuple[str, ...],
+    container: str | None,
     retry_max: int | None,
     retry_on: tuple[str, ...],
     retry_backoff: int | None,
@@ -184,6 +186,7 @@ def submit_command(
         "memory": memory,
         "max_cost": max_cost,
         "working_dir": working_dir,
+        "container": container,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     if environment:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_hooks.admin import slurmconf
-from slurmbox import box_cloud
+from slurmbox import box_cloud, containers
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf" / "slurm"
@@ -59,6 +59,8 @@ PACKAGES = (
     "munge",
     "mariadb-server",
     "lua-socket",
+    "runc",  # containers: slurmbox/containers.py
+    "busybox-static",
 )
 ETC_DIR = "/etc/slurm"
 RUN_DIR = Path("/run/gpucredit-box")  # supervisor pid, daemons.json, ready flag, lock
@@ -66,6 +68,7 @@ STATE_DIR = Path("/var/lib/gpucredit-box")  # Slurm state (wiped by down), fake 
 LOG_DIR = Path("/var/log/gpucredit-box")
 JOB_DIR = Path("/tmp/gpucredit-box-jobs")  # sbatch's cwd: job output lands here
 FAKE_GPU_DIR = STATE_DIR / "fakegpu"  # must match conf/slurm/gres.conf
+BUNDLE_DIR = STATE_DIR / "bundles"  # each user's OCI bundle (slurmbox/containers.py)
 FAKE_GPUS = 16  # nvidia[12-15]: cloud1's (slurmbox/box_cloud.py)
 # node3 alone is partition cloud (docs/routing.md): on-prem GPUs can be busy while cloud's are free.
 NODES = ("node1", "node2", "node3")
@@ -943,6 +946,7 @@ class _Supervisor:
                 made = run(["/usr/sbin/useradd", "-m", "-s", "/bin/bash", user], check=False)
                 if made.returncode not in (0, 9):
                     raise BoxError(f"useradd {user}: {made.stderr.strip()}") from None
+        self.log(containers.prepare(Path(ETC_DIR), BUNDLE_DIR, USERS))
 
     def start_munge(self) -> None:
         if _ok(["/bin/sh", "-c", _MUNGE_CHECK]):

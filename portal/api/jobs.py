@@ -99,6 +99,12 @@ SUBMIT = body_schema(
             "additionalProperties": {"type": "string", "maxLength": 65536},
             "maxProperties": 64,
         },
+        "container": {
+            "type": "string",
+            "maxLength": 4096,
+            "description": "an OCI bundle directory (config.json and rootfs/), absolute: the script "
+            "runs in it (sbatch --container; the site's oci.conf names the runtime)",
+        },
         "retry": RETRY_POLICY,
     },
 )

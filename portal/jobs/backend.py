@@ -117,6 +117,7 @@ class JobSpec:
     cpus: int | None = None
     memory: str | None = None
     working_dir: str | None = None
+    container: str | None = None  # an OCI bundle directory: sbatch --container (the site's oci.conf)
     environment: dict[str, str] = field(default_factory=dict)
     max_cost: str | None = None  # credits: job_submit routes under it (gpucredit:max_cost=)
     cloud: str | None = None  # "yes" | "no": may job_submit route it to the cloud (gpucredit:cloud=)
@@ -124,7 +125,7 @@ class JobSpec:
 
     def as_request(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"account": self.account, "gpus": self.gpus, "time_limit": self.time_limit}
-        for name in ("name", "cpus", "memory", "working_dir", "max_cost", "cloud"):
+        for name in ("name", "cpus", "memory", "working_dir", "container", "max_cost", "cloud"):
             if getattr(self, name) is not None:
                 spec[name] = getattr(self, name)
         if self.environment:

@@ -101,6 +101,8 @@ def job_description(spec: JobSpec, working_dir: str) -> dict[str, Any]:
         job["cpus_per_task"] = spec.cpus
     if spec.memory is not None:
         job["memory_per_node"] = {"set": True, "infinite": False, "number": memory_mib(spec.memory)}
+    if spec.container is not None:
+        job["container"] = spec.container
     if spec.retry is not None:  # Slurm requeues only a requeueable job (retry_keeper.py)
         job["requeue"] = True
     comment = directive_comment(spec.max_cost, spec.cloud)

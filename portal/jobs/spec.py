@@ -90,8 +90,10 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
     seconds = check_time_limit(body["time_limit"])
     _check_options(body)
     working_dir = body.get("working_dir")
-    if working_dir is not None and (not working_dir.startswith("/") or "\0" in working_dir):
-        raise refuse("working_dir", "must be an absolute path")
+    container = body.get("container")
+    for field, path in (("working_dir", working_dir), ("container", container)):
+        if path is not None and (not path.startswith("/") or "\0" in path or "\n" in path):
+            raise refuse(field, "must be an absolute path")
     for name in body.get("environment") or {}:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", name) or name.startswith(
             ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
@@ -109,6 +111,7 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
         cpus=body.get("cpus"),
         memory=body.get("memory"),
         working_dir=working_dir,
+        container=container,
         environment=dict(body.get("environment") or {}),
         max_cost=body.get("max_cost"),
         cloud=body.get("cloud"),

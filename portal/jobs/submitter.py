@@ -128,10 +128,19 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
         options += ["--mem", memory]
     if requeue == "yes":
         options += ["--requeue"]
+    container = spec.get("container")
+    if container is not None:
+        if not isinstance(container, str) or not _absolute(container):
+            raise BadRequest("container", "must be an absolute path")
+        options += [f"--container={container}"]
     comment = directive_comment(max_cost, cloud)
     if comment is not None:
         options += [f"--comment={comment}"]
     return options
+
+
+def _absolute(path: str) -> bool:
+    return os.path.isabs(path) and "\0" not in path and "\n" not in path and len(path) <= 4096
 
 
 def directive_comment(max_cost: str | None, cloud: str | None) -> str | None:
@@ -144,7 +153,7 @@ def sbatch_argv(spec: Mapping[str, Any], user: pwd.struct_passwd, sbatch: str = 
     """The argv that submits `spec` as `user` (checked field by field)."""
     options = sbatch_options(spec)
     working_dir = spec.get("working_dir") or user.pw_dir
-    if not isinstance(working_dir, str) or not os.path.isabs(working_dir) or "\0" in working_dir:
+    if not isinstance(working_dir, str) or not _absolute(working_dir):
         raise BadRequest("working_dir", "must be an absolute path")
     environment = spec.get("environment") or {}
     if not isinstance(environment, dict) or len(environment) > MAX_ENV:
@@ -214,6 +223,9 @@ class Submitter:
         working_dir = argv[-1]
         if not _readable_dir(user, working_dir, self.run):
             raise BadRequest("working_dir", f"{user.pw_name} cannot read {working_dir}")
+        container = spec.get("container")
+        if container is not None and not _readable_dir(user, container, self.run):
+            raise BadRequest("container", f"{user.pw_name} cannot read {container}")
         done = self.run(argv, input=script, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, cwd="/")
         log.info("sbatch as %s for %s: exit %s", user.pw_name, spec.get("account"), done.returncode)
         if done.returncode != 0:

@@ -67,6 +67,7 @@ def test_the_job_description_is_what_sbatch_would_be_given() -> None:
         environment={"EPOCHS": "3"},
         max_cost="12.5",
         cloud="yes",
+        container="/srv/bundles/alice",
         retry=RetryPolicy(max_retries=2, on=("exit:75",), backoff_seconds=30),
     )
     assert job_description(spec, "/home/alice/") == {
@@ -80,6 +81,7 @@ def test_the_job_description_is_what_sbatch_would_be_given() -> None:
         "name": "train",
         "cpus_per_task": 4,
         "memory_per_node": {"set": True, "infinite": False, "number": 2},
+        "container": "/srv/bundles/alice",
         "requeue": True,
         "comment": "gpucredit:max_cost=12.5,cloud=yes",
     }

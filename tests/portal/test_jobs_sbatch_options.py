@@ -45,3 +45,11 @@ def test_a_cloud_value_job_submit_would_not_read_is_refused(cloud: str) -> None:
     with pytest.raises(BadRequest) as refused:
         sbatch_options({**SPEC, "cloud": cloud})
     assert (refused.value.field, refused.value.message) == ("cloud", f"{cloud!r} is not accepted")
+
+
+def test_a_container_is_sbatchs_own_option_and_must_be_absolute() -> None:
+    assert sbatch_options({**SPEC, "container": "/srv/bundles/bob"})[-1] == "--container=/srv/bundles/bob"
+    for bad in ("bundles/bob", "/srv/b\nundle", "/srv/\0"):
+        with pytest.raises(BadRequest) as refused:
+            sbatch_options({**SPEC, "container": bad})
+        assert (refused.value.field, refused.value.message) == ("container", "must be an absolute path")

@@ -68,6 +68,7 @@ def test_a_job_is_submitted_as_the_tokens_user_with_its_quote(
             "environment: LD_PRELOAD may not be set",
         ),
         ("bob", {"working_dir": "data"}, "working_dir", "working_dir: must be an absolute path"),
+        ("bob", {"container": "bundles/x"}, "container", "container: must be an absolute path"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_nothing_is_submitted(

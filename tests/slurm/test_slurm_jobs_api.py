@@ -32,6 +32,7 @@ from portal.jobs.backend import SubmitterBackend
 from portal.jobs.rest import RestBackend
 from portal.jobs.submitter import Submitter, serve
 from slurmbox import SlurmBox
+from slurmbox.box import BUNDLE_DIR
 from slurmbox.chroot import JWT_KEY, ChrootBox
 from slurmtext import parse_time
 from tests.support.cluster import PRICES, Cluster, sacct_runs
@@ -271,6 +272,40 @@ def test_a_token_for_another_user_cannot_cancel_alices_job(
     assert cluster.box.scontrol_job(job_id)["JobState"] == "RUNNING"
     backend.cancel("alice", job_id)
     cluster.box.wait_state(job_id, "CANCELLED", timeout=60)
+
+
+def test_a_job_runs_in_its_container_and_costs_exactly_its_seconds(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    """`container` is sbatch --container: the box's oci.conf runs the script with rootless
+    runc in alice's busybox bundle (slurmbox/containers.py), whose hostname is runc's and
+    whose / holds only the bundle's rootfs. Held and charged like any job."""
+    if not isinstance(cluster.box, SlurmBox):
+        pytest.skip("the chroot boxes' roots have no runc: containers run on the host's 22.05 box")
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    body = {
+        "account": account,
+        "script": "#!/bin/sh\nhostname\nls /\n",
+        "gpus": "h100:1",
+        "time_limit": "00:01:00",
+        "container": str(BUNDLE_DIR / "alice"),
+    }
+    unreadable = client.post("/api/v1/jobs", json={**body, "container": "/root"}, headers=alice)
+    assert unreadable.status_code == 422, unreadable.get_json()
+    assert unreadable.get_json()["error"]["message"] == "container alice cannot read /root"
+    answer = client.post("/api/v1/jobs", json=body, headers=alice)
+    assert answer.status_code == 201, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    assert cluster.box.scontrol_job(job_id)["Container"] == str(BUNDLE_DIR / "alice")
+    cluster.box.wait_state(job_id, "COMPLETED", timeout=90)
+    [hold] = cluster.settled_holds(job_id, account)
+    [row] = sacct_runs(cluster.box, job_id, account)
+    assert hold.charged_ucredits == charge_for(PRICES["h100"], int(row["ElapsedRaw"]))
+    lines = client.get(f"/api/v1/jobs/{job_id}/output?lines=20", headers=alice).get_json()["lines"]
+    # slurmstepd adds a line of its own about runc's state JSON ("_try_parse: ... boolean expected")
+    inside = [line for line in lines if "slurmstepd" not in line]
+    assert inside == ["runc", "bin", "dev", "proc", "sys", "tmp"], lines
 
 
 def test_another_unix_user_cannot_reach_the_submitter(cluster: Cluster, submitter: str) -> None:
