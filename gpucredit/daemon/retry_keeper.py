@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from ledger.jobs.retries import job_retries, record_retry
+from ledger.jobs.retries import policies_of, record_retry
 from ledger.timeutil import utcnow
 from slurmtext import SlurmTextError, parse_format_rows, parse_time
 
@@ -110,10 +110,11 @@ class RetryKeeper:
         now = self.clock()
         due: list[tuple[int, datetime]] = []  # job id -> its retry's earliest start
         with self.sessions() as s, s.begin():
-            policies = job_retries(s, self.cluster, failed)
-            for job_id, (failure, run, user, submitted, ended) in failed.items():
+            jobs = {job_id: (user, submitted) for job_id, (_f, _r, user, submitted, _e) in failed.items()}
+            policies = policies_of(s, self.cluster, jobs)
+            for job_id, (failure, run, _user, _submitted, ended) in failed.items():
                 job = policies.get(job_id)
-                if job is None or not job.belongs_to(user, submitted):
+                if job is None:
                     continue
                 retry = job.for_run(run)
                 if retry is None:

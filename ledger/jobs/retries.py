@@ -13,10 +13,12 @@ before it acts: a decision is taken once, and a keeper that stopped between reco
 acting acts again on its next pass. No money moves here: each attempt is a run of its
 own, with its own hold and charge.
 
-Slurm reuses a job id only once its state is lost or MaxJobId wraps, and moves a job's
-SubmitTime to each requeue, so a policy is the job's when the job is the same user's and
-was (last) submitted at most `MAX_JOB_LIFE` after the policy was kept and no earlier than
-`CLOCK_SLACK` before it (sbatch returns after the submission; two hosts' clocks).
+Slurm reuses a job id once its state is lost or MaxJobId wraps, and moves a job's
+SubmitTime to each requeue; so a policy is the job's when the job is the same user's and
+was *first* submitted (its run-0 hold's SubmitTime, taken before any requeue) at most
+`CLOCK_SLACK` after the policy was kept and at most `KEPT_WITHIN` before it (the portal
+keeps it once sbatch has returned; two hosts' clocks). A job of a reused id was first
+submitted after the policy was kept, and has a run-0 hold of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ledger.errors import InvalidInput
-from ledger.store.tables import retries_t, retry_policies_t
+from ledger.store.tables import holds_t, retries_t, retry_policies_t
 from ledger.timeutil import format_time
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "RetryPolicy",
     "job_retries",
     "keep_retry_policy",
+    "policies_of",
     "record_retry",
     "retried_run_ends",
 ]
@@ -48,7 +51,7 @@ MAX_EXIT_CODES = 16  # retry_on holds them comma-joined in 512 characters
 MAX_BACKOFF_SECONDS = 3600
 DEFAULT_BACKOFF_SECONDS = 60
 CLOCK_SLACK = timedelta(seconds=60)
-MAX_JOB_LIFE = timedelta(days=30)
+KEPT_WITHIN = timedelta(minutes=10)
 _EXIT = re.compile(r"exit:([1-9][0-9]{0,2})")
 
 
@@ -119,10 +122,13 @@ class JobRetries:
     kept_at: datetime
     retries: tuple[Retry, ...]
 
-    def belongs_to(self, user: str, submitted_at: datetime) -> bool:
-        """Whether this policy was kept for the job of its id that `user` (last) submitted
-        at `submitted_at` (see the module's docstring)."""
-        return user == self.user and submitted_at - MAX_JOB_LIFE <= self.kept_at <= submitted_at + CLOCK_SLACK
+    def belongs_to(self, user: str, first_submitted_at: datetime) -> bool:
+        """Whether this policy was kept for the job of its id that `user` first submitted
+        at `first_submitted_at` (see the module's docstring)."""
+        return (
+            user == self.user
+            and first_submitted_at - CLOCK_SLACK <= self.kept_at <= first_submitted_at + KEPT_WITHIN
+        )
 
     @property
     def left(self) -> int:
@@ -188,6 +194,33 @@ def job_retries(s: Session, cluster: str, job_ids: Collection[int]) -> dict[int,
         )
         for job_id, row in newest.items()
     }
+
+
+def policies_of(s: Session, cluster: str, jobs: Mapping[int, tuple[str, datetime]]) -> dict[int, JobRetries]:
+    """The policies of these jobs (id -> their user and SubmitTime now) that are theirs:
+    one read of the policies, one of the run-0 holds. A job's first submission is its
+    newest run-0 hold's that is not later than the job (else, never started, the job's
+    own SubmitTime); a run 0 that took no hold (a start refused while the ledger was
+    unreachable) leaves a requeued job without its policy."""
+    found = job_retries(s, cluster, jobs)
+    if not found:
+        return {}
+    h = holds_t.c
+    first: dict[int, datetime] = {}
+    for row in s.execute(
+        select(h.job_id, h.user, h.submitted_at).where(
+            h.cluster == cluster, h.run == 0, h.job_id.in_(sorted(found))
+        )
+    ):
+        user, submitted = jobs[row.job_id]
+        if row.user == user and row.submitted_at <= submitted + CLOCK_SLACK:  # not a later job's of this id
+            first[row.job_id] = max(first.get(row.job_id, row.submitted_at), row.submitted_at)
+    belonging = {}
+    for job_id, kept in found.items():
+        user, submitted = jobs[job_id]
+        if kept.belongs_to(user, first.get(job_id, submitted)):
+            belonging[job_id] = kept
+    return belonging
 
 
 def record_retry(

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from ledger import api
 from ledger.errors import NotFound
-from ledger.jobs.retries import JobRetries, job_retries, keep_retry_policy
+from ledger.jobs.retries import JobRetries, keep_retry_policy, policies_of
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 from portal.auth import Forbidden, Principal, accounts_of, own_user
@@ -194,15 +194,9 @@ def job_holds(s: Session, job: SlurmJob) -> list[api.HoldState]:
 
 def retries_of(s: Session, jobs: Sequence[SlurmJob]) -> dict[int, JobRetries]:
     """The retry policies of these jobs that have one (an older job's of the same id is
-    not theirs), in one read."""
-    found = job_retries(s, _cluster(), [job.job_id for job in jobs])
-    return {
-        job.job_id: kept
-        for job in jobs
-        if (kept := found.get(job.job_id)) is not None
-        and kept.user == job.user
-        and (job.submitted_at is None or kept.belongs_to(job.user, job.submitted_at))
-    }
+    not theirs), in two reads."""
+    known = {job.job_id: (job.user, job.submitted_at) for job in jobs if job.submitted_at}
+    return policies_of(s, _cluster(), known)
 
 
 def job_view(

@@ -75,7 +75,7 @@ def test_covered_failures_are_requeued_with_their_backoff_and_the_rest_left_alon
     keep(81, {"max": 2, "on": ["exit:75"], "backoff_seconds": 30})
     keep(82, {"max": 2, "on": ["exit:75"]})
     keep(83, {"max": 1, "on": ["exit:1"], "backoff_seconds": 0})
-    keep(85, {"max": 1, "on": ["exit:75"]}, at=SUBMITTED + timedelta(minutes=5))  # a later job's of id 85
+    keep(85, {"max": 1, "on": ["exit:75"]}, at=SUBMITTED + timedelta(minutes=11))  # a later job's of id 85
     keep(87, {"max": 1, "on": ["exit:75"]})
     burst, runner = keeper(
         keep,

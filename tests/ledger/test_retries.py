@@ -4,14 +4,16 @@ recorded once per failed run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
+from ledger import api
 from ledger.errors import InvalidInput
-from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy, record_retry
+from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy, policies_of, record_retry
 from ledger.store.db import make_sessionmaker
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -65,11 +67,11 @@ def test_a_retry_is_recorded_once_per_failed_run_and_a_policy_is_its_own_jobs(en
     with sessions() as s, s.begin():
         job = job_retries(s, "lab", [41])[41]
         assert (job.user, job.policy, job.left) == ("bob", policy, 2)
-        assert job.belongs_to("bob", NOW - timedelta(seconds=1))
-        assert job.belongs_to("bob", NOW + timedelta(days=2))  # requeued two days on: SubmitTime moves
-        assert not job.belongs_to("bob", NOW - timedelta(minutes=2))  # an earlier job of id 41
+        assert job.belongs_to("bob", NOW - timedelta(seconds=1))  # first submitted just before
+        assert job.belongs_to("bob", NOW - timedelta(minutes=9))  # a slow portal
+        assert not job.belongs_to("bob", NOW - timedelta(minutes=11))  # an earlier job of id 41
+        assert not job.belongs_to("bob", NOW + timedelta(minutes=2))  # a later one (Slurm lost its state)
         assert not job.belongs_to("carol", NOW)  # a job of another user given id 41
-        assert not job.belongs_to("bob", NOW + timedelta(days=31))
         first = record_retry(s, job, 0, "exit:75", NOW)
         assert first.not_before == NOW + timedelta(seconds=30)
     with sessions() as s, s.begin():
@@ -90,3 +92,32 @@ def test_a_retry_is_recorded_once_per_failed_run_and_a_policy_is_its_own_jobs(en
     with sessions() as s, s.begin():
         job = job_retries(s, "lab", [41])[41]
         assert (job.user, job.retries, job.left) == ("carol", (), 1)
+
+
+def test_a_requeued_job_is_known_by_its_first_submission_and_a_reused_id_is_not(engine: Engine) -> None:
+    """SubmitTime moves to each requeue, so a requeued job is matched by its run-0 hold's
+    SubmitTime; a job given the same id after Slurm lost its state has a run-0 hold of its
+    own, later than the policy."""
+    sessions = make_sessionmaker(engine)
+    first = NOW - timedelta(seconds=2)  # sbatch returned, then the portal kept the policy
+    with sessions() as s, s.begin():
+        api.create_account(s, "physics")
+        api.topup(s, "physics", "100", effective_at=NOW - timedelta(days=1))
+        api.set_price(s, "h100", "3.60", effective_at=NOW - timedelta(days=1))
+        keep_retry_policy(s, "lab", 41, "bob", RetryPolicy(2, ("exit:75",), 30), NOW)
+    requeued = NOW + timedelta(days=2)
+    with sessions() as s, s.begin():
+        assert policies_of(s, "lab", {41: ("bob", first)}).keys() == {41}  # never requeued
+        assert policies_of(s, "lab", {41: ("bob", requeued)}) == {}  # requeued: no run-0 hold to say
+        assert policies_of(s, "lab", {41: ("carol", first)}) == {}
+    hold = api.HoldRequest("physics", user="bob", job_id=41, gpus="h100:1", seconds=60, cluster="lab")
+    with sessions() as s, s.begin():
+        api.create_hold(s, replace(hold, at=first, submitted_at=first))
+    with sessions() as s, s.begin():
+        assert policies_of(s, "lab", {41: ("bob", requeued)}).keys() == {41}
+    reused = NOW + timedelta(hours=1)  # Slurm lost its state; id 41 again, bob's again
+    with sessions() as s, s.begin():
+        api.create_hold(s, replace(hold, at=reused, submitted_at=reused))
+    with sessions() as s, s.begin():
+        assert policies_of(s, "lab", {41: ("bob", reused)}) == {}
+        assert policies_of(s, "lab", {41: ("bob", reused + timedelta(days=1))}) == {}  # that one requeued

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from ledger.timeutil import utcnow
 from portal.jobs.backend import JobSpec, SlurmJob, Submitted, refusal_of
 
 
@@ -34,7 +35,7 @@ class FakeBackend:
             reason="waiting for GPUs",
             partition=None,
             time_limit_seconds=None,
-            submitted_at=None,
+            submitted_at=utcnow(),  # slurmctld's clock, before the portal keeps a retry policy
             started_at=None,
             ended_at=None,
         )
