@@ -53,6 +53,9 @@ SUBMIT_PATH = re.compile(r"^/slurm/(v0\.0\.[0-9]+)/job/submit$")
 # (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE), or the caller may not (ESLURM_ACCESS_DENIED).
 JOB_GONE = (2017, 2021)
 ACCESS_DENIED = 2002
+# A submit that never reached a decision: slurm_errno's protocol and communication errors
+# (1000-1999: slurmctld down or not answering), not a refusal.
+UNREACHED = range(1000, 2000)
 MEMORY_UNITS_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -239,8 +242,11 @@ class RestBackend(CommandReader):
         status, answer = self._call(user, "POST", f"/slurm/{self._parser(user)}/job/submit", body)
         if status == 200 and answer.get("job_id"):
             return Submitted(int(answer["job_id"]), str(answer.get("job_submit_user_msg") or ""))
-        words = "; ".join(str(e.get("description") or e.get("error")) for e in answer.get("errors") or [])
-        raise RefusedBySlurm(words or f"HTTP {status}")
+        errors = answer.get("errors") or []
+        words = "; ".join(f"{e.get('description')} ({e.get('error')})" for e in errors) or f"HTTP {status}"
+        if not errors or any(e.get("error_number") in UNREACHED for e in errors):
+            raise SlurmUnavailable(f"slurmrestd could not submit the job: {words}")
+        raise RefusedBySlurm(words)
 
     def cancel(self, user: str, job_id: int) -> None:
         """Signal the job as `user`. Slurm answers 200 and names each job it did not

@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 from ledger.errors import InvalidInput
 from ledger.jobs.retries import RetryPolicy
 from portal.auth import Forbidden
-from portal.jobs.backend import JobSpec, Submitted
+from portal.jobs.backend import JobSpec, SlurmUnavailable, Submitted
 from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib, user_token
 from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, token_user
 from tests.support.portal import Site, bearer
@@ -108,7 +108,24 @@ def test_a_refused_submit_carries_slurmrestds_words(slurmrestd: tuple[FakeSlurmr
     fake.submit_answer = "submit_refused"
     with pytest.raises(RefusedBySlurm) as refused:
         backend.submit("alice", SPEC)
-    assert (refused.value.code, refused.value.message) == ("slurm_refused", "Batch job submission failed")
+    assert (refused.value.code, refused.value.message) == (
+        "slurm_refused",
+        "Batch job submission failed (Unspecified error)",
+    )
+
+
+def test_a_submit_slurmctld_never_decided_is_unavailable_not_refused(
+    slurmrestd: tuple[FakeSlurmrestd, RestBackend],
+) -> None:
+    """slurm_errno's 1000s are the protocol's (slurmctld down): nothing was refused, so
+    not a 422 the user would read as the job's fault. The shape is the recorded refusal's."""
+    fake, backend = slurmrestd
+    down = "Unable to contact slurm controller (connect failure)"
+    error = {"description": "Batch job submission failed", "error_number": 1001, "error": down}
+    error["source"] = "slurm_submit_batch_job()"
+    fake.submit_answer = {"status": 500, "body": {"errors": [error]}}
+    with pytest.raises(SlurmUnavailable, match="connect failure"):
+        backend.submit("alice", SPEC)
 
 
 def test_root_and_unknown_users_get_no_token(slurmrestd: tuple[FakeSlurmrestd, RestBackend]) -> None:
@@ -171,7 +188,8 @@ def test_a_refusal_through_slurmrestd_is_worded_from_the_ledgers_quote(
         "gpucredit: the job's cheapest run would cost 0.06 credits in the default partition, over its limit "
         "of 0.01 a run: raise max_cost, or ask for fewer GPUs or less time"
     )
-    assert error["details"] == {"slurmrestd": "Batch job submission failed", "verdict": "over_limit"}
+    slurms = "Batch job submission failed (Unspecified error)"
+    assert error["details"] == {"slurmrestd": slurms, "verdict": "over_limit"}
     dear = {**body, "account": "chemistry", "gpus": "h100:8", "time_limit": "10:00:00"}
     poor = client.post("/api/v1/jobs", json=dear, headers=bearer(site.tokens["carol"]))
     assert poor.status_code == 402, poor.get_json()
@@ -180,4 +198,4 @@ def test_a_refusal_through_slurmrestd_is_worded_from_the_ledgers_quote(
     # cannot see) keeps Slurm's own words.
     fine = client.post("/api/v1/jobs", json=body, headers=bearer(site.tokens["bob"]))
     assert (fine.status_code, fine.get_json()["error"]["code"]) == (422, "slurm_refused")
-    assert fine.get_json()["error"]["message"] == "Batch job submission failed"
+    assert fine.get_json()["error"]["message"] == "Batch job submission failed (Unspecified error)"

@@ -166,7 +166,7 @@ def test_a_refused_submission_changes_nothing(cluster: Cluster, portal: Flask, a
         assert error["message"].startswith(
             f"gpucredit: this job would cost 0.06 credits; 0.00 available in {account}: "
         ), error["message"]
-        assert error["details"]["slurmrestd"] == "Batch job submission failed", error
+        assert error["details"]["slurmrestd"] == "Batch job submission failed (Unspecified error)", error
     else:
         assert error["message"].startswith(
             "gpucredit: this job would cost ~0.06 credits (1×h100 × 1 min) but only "

@@ -52,7 +52,8 @@ class FakeSlurmrestd:
     version: str
     key: bytes
     url: str = ""
-    submit_answer: str = "submit"  # the recorded answer a submit gets
+    # The recorded answer a submit gets, or one given whole ({"status", "body"}).
+    submit_answer: str | dict[str, Any] = "submit"
     cancel_answers: dict[int, str] = field(default_factory=dict)  # job id -> recorded answer
     requests: list[tuple[str, str, str | None, Any]] = field(default_factory=list)  # method, path, user, body
 
@@ -66,7 +67,8 @@ class FakeSlurmrestd:
             return 200, {"paths": {p: {} for p in paths}}
         route = path.rsplit("/", 1)[0] + "/{job_id}"
         if method == "POST" and path in paths:
-            found = recorded(self.version, self.submit_answer)
+            answer = self.submit_answer
+            found = answer if isinstance(answer, dict) else recorded(self.version, answer)
             return found["status"], found["body"]
         if method == "DELETE" and route in paths:
             found = recorded(self.version, self.cancel_answers.get(int(path.rsplit("/", 1)[1]), "cancel"))
