@@ -6,8 +6,13 @@ no free text asked: MinJobAge keeps a finished job there, 300 s by default), rea
 policies of those jobs in one query, and for each covered exit code with retries left
 records the retry (keyed by the failed run, so it is decided once), commits, and runs
 
-    scontrol requeue N
+    scontrol requeuehold N                          (scontrol requeue N: no backoff)
     scontrol update JobId=N StartTime=now+BACKOFF
+    scontrol release N
+
+Held first, so the job cannot start before its backoff if the update fails: the keeper
+then keeps it held and sets its start and releases it on its next passes (a daemon that
+restarts meanwhile leaves it held: `scontrol release N`, its log says which).
 
 The job runs again as a new run: its prolog takes a new hold, and the failed run's
 charge stands. Requeueing a finished job moves its End in sacct to the requeue, seconds
@@ -42,6 +47,8 @@ __all__ = ["RetryKeeper", "failure_of"]
 
 log = logging.getLogger("gpucredit.daemon")
 
+# scontrol's words for a job no longer there to release.
+JOB_GONE = ("Invalid job id", "already completing or completed")
 FIELDS = ("JobID", "UserName", "State", "exit_code", "RestartCnt", "SubmitTime", "EndTime")
 SQUEUE = (
     "squeue",
@@ -87,9 +94,11 @@ class RetryKeeper:
         self.sessions = sessions
         self.cluster = cluster
         self.clock = clock
+        self.parked: dict[int, datetime] = {}  # requeued and held, not yet released: job -> its start
 
     def tick(self) -> list[int]:
-        """One pass; the jobs requeued."""
+        """One pass; the jobs requeued (and released)."""
+        released = [job_id for job_id, start in list(self.parked.items()) if self._release(job_id, start)]
         # job id -> (failure, run, user, submitted, ended)
         failed: dict[int, tuple[str, int, str, datetime, datetime | None]] = {}
         for line in self.run(SQUEUE).split("\n"):
@@ -106,7 +115,7 @@ class RetryKeeper:
             if failure and submitted and job_text.isascii() and job_text.isdigit() and run_text.isdigit():
                 failed[int(job_text)] = (failure, int(run_text), row["UserName"], submitted, ended)
         if not failed:
-            return []
+            return released
         now = self.clock()
         due: list[tuple[int, datetime]] = []  # job id -> its retry's earliest start
         with self.sessions() as s, s.begin():
@@ -131,17 +140,34 @@ class RetryKeeper:
                         retry.not_before.isoformat(),
                     )
                 due.append((job_id, retry.not_before))
-        return [job_id for job_id, not_before in due if self._requeue(job_id, not_before, now)]
+        return released + [job_id for job_id, not_before in due if self._requeue(job_id, not_before, now)]
 
     def _requeue(self, job_id: int, not_before: datetime, now: datetime) -> bool:
-        wait = max(0, math.ceil((not_before - now).total_seconds()))
+        wait = (not_before - now).total_seconds() > 0
         try:
-            self.run(["scontrol", "requeue", str(job_id)])
-            if wait:
-                self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+            self.run(["scontrol", "requeuehold" if wait else "requeue", str(job_id)])
         except SlurmCommandError as error:  # it was purged, or requeued meanwhile
             log.warning("retry pass: job %s: %s", job_id, error)
             return False
+        return not wait or self._release(job_id, not_before)
+
+    def _release(self, job_id: int, not_before: datetime) -> bool:
+        """Start a requeued, held job no sooner than `not_before` and release it; kept
+        parked (held) for the next pass when Slurm did not take it."""
+        wait = max(0, math.ceil((not_before - self.clock()).total_seconds()))
+        try:
+            if wait:
+                self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+            self.run(["scontrol", "release", str(job_id)])
+        except SlurmCommandError as error:
+            if any(gone in str(error) for gone in JOB_GONE):  # cancelled or purged meanwhile
+                self.parked.pop(job_id, None)
+                return False
+            if job_id not in self.parked:
+                log.warning("retry pass: job %s requeued, held until its start is set: %s", job_id, error)
+            self.parked[job_id] = not_before
+            return False
+        self.parked.pop(job_id, None)
         return True
 
     def run_forever(self, stop: threading.Event, interval: float) -> None:

@@ -26,9 +26,12 @@ def line(job_id: int, state: str, exit_code: str, run: int, submitted: datetime 
 
 
 def requeue(job_id: int, wait: int) -> list[tuple[str, ...]]:
+    if not wait:
+        return [("scontrol", "requeue", str(job_id))]
     return [
-        ("scontrol", "requeue", str(job_id)),
-        *([("scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}")] if wait else []),
+        ("scontrol", "requeuehold", str(job_id)),  # held, so it cannot start before its backoff
+        ("scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"),
+        ("scontrol", "release", str(job_id)),
     ]
 
 
@@ -119,3 +122,39 @@ def test_a_requeue_that_failed_is_done_again_with_the_same_retry_not_a_new_one(k
     assert later.tick() == [95]
     with keep.sessions() as s:
         assert len(job_retries(s, "lab", [95])[95].retries) == 1
+
+
+def test_a_requeued_job_whose_start_was_not_set_stays_held_until_a_pass_sets_it(keep: Policies) -> None:
+    """slurmctld took the requeue but not the update: without the hold the job would start
+    at once, before its backoff. The keeper keeps it held, and its next pass sets the start
+    (the time left) and releases it."""
+    keep(97, {"max": 1, "on": ["exit:75"], "backoff_seconds": 60})
+    clock = [NOW]
+    runner = FakeRunner({SQUEUE: line(97, "FAILED", "19200", 0) + "\n"})
+    burst = RetryKeeper(runner, keep.sessions, "lab", clock=lambda: clock[0])
+    hold, update, release = requeue(97, 60)
+    runner.add(hold)
+    runner.add(update, FakeResponse(returncode=1, stderr="slurm_update error: Socket timed out"))
+    assert burst.tick() == []
+    assert runner.calls == [SQUEUE, hold, update]  # not released: it stays held
+    clock[0] = NOW + timedelta(seconds=25)
+    runner.add(SQUEUE, "")  # requeued: no longer FAILED
+    runner.add(("scontrol", "update", "JobId=97", "StartTime=now+35"))
+    runner.add(release)
+    assert burst.tick() == [97]
+    assert runner.calls[3:] == [("scontrol", "update", "JobId=97", "StartTime=now+35"), release, SQUEUE]
+    assert burst.tick() == []  # released once
+
+
+def test_a_held_job_cancelled_meanwhile_is_let_go(keep: Policies) -> None:
+    keep(98, {"max": 1, "on": ["exit:75"], "backoff_seconds": 60})
+    runner = FakeRunner({SQUEUE: line(98, "FAILED", "19200", 0) + "\n"})
+    burst = RetryKeeper(runner, keep.sessions, "lab", clock=lambda: NOW)
+    hold, update, _release = requeue(98, 60)
+    runner.add(hold)
+    runner.add(update, FakeResponse(returncode=1, stderr="slurm_update error: Socket timed out"))
+    assert burst.tick() == []
+    runner.add(SQUEUE, "")
+    runner.add(update, FakeResponse(returncode=1, stderr="slurm_update error: Invalid job id specified"))
+    assert burst.tick() == []
+    assert burst.parked == {}
