@@ -95,6 +95,7 @@ class RetryKeeper:
         self.cluster = cluster
         self.clock = clock
         self.parked: dict[int, datetime] = {}  # requeued and held, not yet released: job -> its start
+        self.refused: set[int] = set()  # jobs whose requeue failed, logged once (tried each pass)
 
     def tick(self) -> list[int]:
         """One pass; the jobs requeued (and released)."""
@@ -114,6 +115,7 @@ class RetryKeeper:
             job_text, run_text = row["JobID"], row["RestartCnt"]
             if failure and submitted and job_text.isascii() and job_text.isdigit() and run_text.isdigit():
                 failed[int(job_text)] = (failure, int(run_text), row["UserName"], submitted, ended)
+        self.refused.intersection_update(failed)  # the rest are gone from slurmctld
         if not failed:
             return released
         now = self.clock()
@@ -146,9 +148,12 @@ class RetryKeeper:
         wait = (not_before - now).total_seconds() > 0
         try:
             self.run(["scontrol", "requeuehold" if wait else "requeue", str(job_id)])
-        except SlurmCommandError as error:  # it was purged, or requeued meanwhile
-            log.warning("retry pass: job %s: %s", job_id, error)
+        except SlurmCommandError as error:  # it was purged, or requeued meanwhile; else tried again
+            if job_id not in self.refused:
+                log.warning("retry pass: job %s: %s", job_id, error)
+                self.refused.add(job_id)
             return False
+        self.refused.discard(job_id)
         return not wait or self._release(job_id, not_before)
 
     def _release(self, job_id: int, not_before: datetime) -> bool:
