@@ -199,8 +199,13 @@ def submitter_group() -> None:
 @click.option(
     "--min-uid", type=int, default=1000, show_default=True, help="Users below this uid are refused."
 )
+@click.option(
+    "--max-uid", type=int, default=59999, show_default=True, help="Users above this uid are refused."
+)
 @click.option("--bin-dir", default=None, help="Slurm's commands (default: slurm.bin_dir from the config).")
-def submitter_serve(socket_path: str, allow_uid: int, min_uid: int, bin_dir: str | None) -> None:
+def submitter_serve(
+    socket_path: str, allow_uid: int, min_uid: int, max_uid: int, bin_dir: str | None
+) -> None:
     """Serve the submitter on a Unix socket (run as root; docs/admin-guide.md)."""
     import logging
 
@@ -209,4 +214,4 @@ def submitter_serve(socket_path: str, allow_uid: int, min_uid: int, bin_dir: str
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     bin_dir = bin_dir or str(load_config()["slurm"].get("bin_dir", "/usr/bin"))
-    serve(socket_path, allow_uid, Submitter(min_uid=min_uid, bin_dir=bin_dir))
+    serve(socket_path, allow_uid, Submitter(min_uid=min_uid, max_uid=max_uid, bin_dir=bin_dir))

@@ -121,7 +121,9 @@ class RetryKeeper:
         now = self.clock()
         due: list[tuple[int, datetime]] = []  # job id -> its retry's earliest start
         with self.sessions() as s, s.begin():
-            jobs = {job_id: (user, submitted) for job_id, (_f, _r, user, submitted, _e) in failed.items()}
+            jobs = {
+                job_id: (user, submitted, run) for job_id, (_f, run, user, submitted, _e) in failed.items()
+            }
             policies = policies_of(s, self.cluster, jobs)
             for job_id, (failure, run, _user, _submitted, ended) in failed.items():
                 job = policies.get(job_id)

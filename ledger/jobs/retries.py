@@ -15,10 +15,14 @@ own, with its own hold and charge.
 
 Slurm reuses a job id once its state is lost or MaxJobId wraps, and moves a job's
 SubmitTime to each requeue; so a policy is the job's when the job is the same user's and
-was *first* submitted (its run-0 hold's SubmitTime, taken before any requeue) at most
-`CLOCK_SLACK` after the policy was kept and at most `KEPT_WITHIN` before it (the portal
-keeps it once sbatch has returned; two hosts' clocks). A job of a reused id was first
-submitted after the policy was kept, and has a run-0 hold of its own.
+was *first* submitted at most `CLOCK_SLACK` after the policy was kept and at most
+`KEPT_WITHIN` before it (the portal keeps it once sbatch has returned; two hosts'
+clocks). The first submission is the job's SubmitTime while it has never been requeued,
+else its run-0 hold's (taken before any requeue). A requeued job with no run-0 hold (its
+first start refused by the prolog) falls back to its SubmitTime now: kept at most
+`MAX_JOB_LIFE` before it. A job of a reused id was first submitted after the policy was
+kept; what is left open is such a job, requeued, without a run-0 hold of its own while
+the old job's is there.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ MAX_BACKOFF_SECONDS = 3600
 DEFAULT_BACKOFF_SECONDS = 60
 CLOCK_SLACK = timedelta(seconds=60)
 KEPT_WITHIN = timedelta(minutes=10)
+MAX_JOB_LIFE = timedelta(days=30)
 _EXIT = re.compile(r"exit:([1-9][0-9]{0,2})")
 
 
@@ -196,12 +201,12 @@ def job_retries(s: Session, cluster: str, job_ids: Collection[int]) -> dict[int,
     }
 
 
-def policies_of(s: Session, cluster: str, jobs: Mapping[int, tuple[str, datetime]]) -> dict[int, JobRetries]:
-    """The policies of these jobs (id -> their user and SubmitTime now) that are theirs:
-    one read of the policies, one of the run-0 holds. A job's first submission is its
-    newest run-0 hold's that is not later than the job (else, never started, the job's
-    own SubmitTime); a run 0 that took no hold (a start refused while the ledger was
-    unreachable) leaves a requeued job without its policy."""
+def policies_of(
+    s: Session, cluster: str, jobs: Mapping[int, tuple[str, datetime, int | None]]
+) -> dict[int, JobRetries]:
+    """The policies of these jobs (id -> their user, SubmitTime now, and runs before the
+    current one, None where not known) that are theirs (the module's docstring): one read
+    of the policies, one of the run-0 holds."""
     found = job_retries(s, cluster, jobs)
     if not found:
         return {}
@@ -212,13 +217,19 @@ def policies_of(s: Session, cluster: str, jobs: Mapping[int, tuple[str, datetime
             h.cluster == cluster, h.run == 0, h.job_id.in_(sorted(found))
         )
     ):
-        user, submitted = jobs[row.job_id]
+        user, submitted, _runs = jobs[row.job_id]
         if row.user == user and row.submitted_at <= submitted + CLOCK_SLACK:  # not a later job's of this id
             first[row.job_id] = max(first.get(row.job_id, row.submitted_at), row.submitted_at)
     belonging = {}
     for job_id, kept in found.items():
-        user, submitted = jobs[job_id]
-        if kept.belongs_to(user, first.get(job_id, submitted)):
+        user, submitted, runs = jobs[job_id]
+        if runs == 0:
+            ours = kept.belongs_to(user, submitted)
+        elif job_id in first:
+            ours = kept.belongs_to(user, first[job_id])
+        else:  # requeued before any hold: only its SubmitTime now to go by
+            ours = user == kept.user and submitted - MAX_JOB_LIFE <= kept.kept_at <= submitted + CLOCK_SLACK
+        if ours:
             belonging[job_id] = kept
     return belonging
 

@@ -157,7 +157,7 @@ class SlurmJob:
     started_at: datetime | None
     ended_at: datetime | None
     elapsed_seconds: int | None = None
-    restarts: int = 0  # squeue's RestartCnt: runs before the current one (sacct: not read)
+    restarts: int | None = 0  # squeue's RestartCnt: runs before the current one (None: sacct's, not known)
 
 
 class JobBackend(Protocol):
@@ -318,6 +318,7 @@ def sacct_job(row: dict[str, str]) -> SlurmJob:
         started_at=slurmtext.parse_time(row["Start"]),
         ended_at=slurmtext.parse_time(row["End"]) if state not in ("queued", "running") else None,
         elapsed_seconds=int(row["ElapsedRaw"]) if row["ElapsedRaw"].isdigit() else None,
+        restarts=None,
     )
 
 

@@ -9,8 +9,9 @@ For each submit or cancel the portal mints a token for the logged-in user, valid
 `TOKEN_SECONDS`, signed with the cluster's key (HS256, the `sun` claim naming the
 user: what `scontrol token` makes). slurmrestd passes it to slurmctld, which runs the
 request as that user: the job is theirs and passes job_submit.lua like any sbatch.
-Holding the key is being able to act as any user, so the portal's service user reads
-it and nobody else (docs/admin-guide.md §4b).
+Holding the key is being able to act as any user, root included: the portal's service
+user reads it and nobody else (docs/admin-guide.md §4b), and the portal signs only for
+uids in the people's range (`min_uid`-`max_uid`, Debian's 1000-59999).
 
 The REST API's version is the newest the server offers of those this module writes
 (`DATA_PARSERS`); the job description is the same in each of them for the fields used.
@@ -53,9 +54,10 @@ SUBMIT_PATH = re.compile(r"^/slurm/(v0\.0\.[0-9]+)/job/submit$")
 # (ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE), or the caller may not (ESLURM_ACCESS_DENIED).
 JOB_GONE = (2017, 2021)
 ACCESS_DENIED = 2002
-# A submit that never reached a decision: slurm_errno's protocol and communication errors
-# (1000-1999: slurmctld down or not answering), not a refusal.
-UNREACHED = range(1000, 2000)
+# A refusal: job_submit.lua's (-1, "Unspecified error") or slurmctld's own (slurm_errno's
+# ESLURM_* 2000-2999). Anything else (1000s: slurmctld unreachable; 5000s: a socket timed
+# out, when the job may even be queued; EAGAIN) is Slurm unavailable, not the job's fault.
+REFUSALS = (-1, *range(2000, 3000))
 MEMORY_UNITS_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -85,10 +87,12 @@ def memory_mib(memory: str) -> int:
     return math.ceil(number * MEMORY_UNITS_MIB[unit])
 
 
-def job_description(spec: JobSpec, working_dir: str) -> dict[str, Any]:
-    """slurmrestd's job description for `spec`: what `sbatch_options` gives sbatch."""
+def job_description(spec: JobSpec, user: str, home: str) -> dict[str, Any]:
+    """slurmrestd's job description for `spec` as `user`: what the submitter gives sbatch
+    (its options, PATH, HOME and USER, the working directory, default the home)."""
     minutes = math.ceil(parse_slurm_duration(spec.time_limit) / 60)  # sbatch rounds up as well
-    environment = {"PATH": PATH, **spec.environment}
+    working_dir = spec.working_dir or home
+    environment = {"PATH": PATH, "HOME": home, "USER": user, **spec.environment}
     job: dict[str, Any] = {
         "script": spec.script,
         "account": spec.account,
@@ -174,26 +178,30 @@ class RestBackend(CommandReader):
         run: Runner = subprocess.run,
         passwd: Callable[[str], tuple[int, str]] | None = None,
         min_uid: int = 1000,
+        max_uid: int = 59999,
     ) -> None:
         super().__init__(bin_dir, run)
         self.url = url.rstrip("/")
         self.key_path = key_path
         self.passwd = passwd or _passwd
         self.min_uid = min_uid
+        self.max_uid = max_uid
         self.parser: str | None = None
 
     def _home(self, user: str) -> str:
-        """The user's home; refuses a token for root or a system user (as the submitter
-        does): slurmctld would take it as that user's word."""
+        """The user's home; refuses a token for any uid outside the people's range (root,
+        system users, Debian's SlurmUser at 64030, nobody): slurmctld would take it as that
+        user's word."""
         try:
-            uid, home = self.passwd(user) if USER_NAME.match(user) else (None, "")
+            uid, home = self.passwd(user) if USER_NAME.fullmatch(user) else (None, "")
         except KeyError:
             uid = None
         if uid is None:
             raise InvalidInput(f"{user} is not a user on the cluster", details={"field": "user"})
-        if uid < self.min_uid:
+        if not self.min_uid <= uid <= self.max_uid:
             raise InvalidInput(
-                f"{user} is a system user (uid below {self.min_uid})", details={"field": "user"}
+                f"{user} is a system user (uid outside {self.min_uid}-{self.max_uid})",
+                details={"field": "user"},
             )
         return home
 
@@ -237,14 +245,15 @@ class RestBackend(CommandReader):
         return self.parser
 
     def submit(self, user: str, spec: JobSpec) -> Submitted:
-        home = self._home(user)
-        body = {"job": job_description(spec, spec.working_dir or home)}
+        body = {"job": job_description(spec, user, self._home(user))}
         status, answer = self._call(user, "POST", f"/slurm/{self._parser(user)}/job/submit", body)
         if status == 200 and answer.get("job_id"):
             return Submitted(int(answer["job_id"]), str(answer.get("job_submit_user_msg") or ""))
         errors = answer.get("errors") or []
         words = "; ".join(f"{e.get('description')} ({e.get('error')})" for e in errors) or f"HTTP {status}"
-        if not errors or any(e.get("error_number") in UNREACHED for e in errors):
+        if status == 404:  # an upgraded slurmrestd without this REST version: look again next time
+            self.parser = None
+        if not errors or not all(e.get("error_number") in REFUSALS for e in errors):
             raise SlurmUnavailable(f"slurmrestd could not submit the job: {words}")
         raise RefusedBySlurm(words)
 

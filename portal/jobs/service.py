@@ -54,7 +54,9 @@ def backend_of(app: Flask) -> JobBackend:
         bin_dir = str(config.get("slurm", {}).get("bin_dir", "/usr/bin"))
         if portal.get("jobs_backend", "submitter") == "slurmrestd":
             url = str(portal.get("slurmrestd_url") or DEFAULT_SLURMRESTD)
-            backend = RestBackend(url, str(portal.get("jwt_key") or DEFAULT_JWT_KEY), bin_dir)
+            key = str(portal.get("jwt_key") or DEFAULT_JWT_KEY)
+            uids = (int(portal.get("jobs_min_uid", 1000)), int(portal.get("jobs_max_uid", 59999)))
+            backend = RestBackend(url, key, bin_dir, min_uid=uids[0], max_uid=uids[1])
         else:
             backend = SubmitterBackend(str(portal.get("submitter_socket") or DEFAULT_SOCKET), bin_dir)
         app.extensions["gpucredit.jobs_backend"] = backend
@@ -189,13 +191,13 @@ def job_holds(s: Session, job: SlurmJob) -> list[api.HoldState]:
         return []
     newest, after = chain[0], job.submitted_at
     current = after is None or newest.started_at is None or newest.started_at >= after
-    return sorted(chain, key=lambda h: h.run) if current or newest.run < job.restarts else []
+    return sorted(chain, key=lambda h: h.run) if current or newest.run < (job.restarts or 0) else []
 
 
 def retries_of(s: Session, jobs: Sequence[SlurmJob]) -> dict[int, JobRetries]:
     """The retry policies of these jobs that have one (an older job's of the same id is
     not theirs), in two reads."""
-    known = {job.job_id: (job.user, job.submitted_at) for job in jobs if job.submitted_at}
+    known = {job.job_id: (job.user, job.submitted_at, job.restarts) for job in jobs if job.submitted_at}
     return policies_of(s, _cluster(), known)
 
 

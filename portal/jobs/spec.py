@@ -23,7 +23,7 @@ from ledger.jobs.retries import RetryPolicy
 from ledger.timeutil import parse_slurm_duration
 from portal.auth import Principal, accounts_of
 from portal.jobs.backend import JobSpec
-from portal.jobs.submitter import BadRequest, sbatch_options
+from portal.jobs.submitter import CONTAINER, CONTAINER_WORDS, BadRequest, sbatch_options
 
 MAX_SCRIPT_BYTES = 256 * 1024
 MAX_CPUS = 4096
@@ -58,7 +58,7 @@ def check_script(script: str) -> None:
 
 def check_time_limit(limit: str) -> int:
     """The time limit in seconds."""
-    if not re.match(SLURM_TIME, limit):
+    if not re.fullmatch(SLURM_TIME, limit):
         raise refuse("time_limit", "must be [D-]HH:MM:SS")
     seconds = parse_slurm_duration(limit, field="time_limit")
     if seconds <= 0:
@@ -68,11 +68,11 @@ def check_time_limit(limit: str) -> int:
 
 def _check_options(body: dict[str, Any]) -> None:
     """The optional fields the API's schema also checks; the form has no schema."""
-    if not re.match(GPUS, body["gpus"]):
+    if not re.fullmatch(GPUS, body["gpus"]):
         raise refuse("gpus", "must be TYPE:N, like h100:1")
     for field, (pattern, words) in PATTERNS.items():
         value = body.get(field)
-        if value is not None and not re.match(pattern, value):
+        if value is not None and not re.fullmatch(pattern, value):
             raise refuse(field, words)
     cpus = body.get("cpus")
     whole = isinstance(cpus, int) and not isinstance(cpus, bool)
@@ -90,12 +90,15 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
     seconds = check_time_limit(body["time_limit"])
     _check_options(body)
     working_dir = body.get("working_dir")
+    if working_dir is not None and (
+        not working_dir.startswith("/") or "\0" in working_dir or "\n" in working_dir
+    ):
+        raise refuse("working_dir", "must be an absolute path")
     container = body.get("container")
-    for field, path in (("working_dir", working_dir), ("container", container)):
-        if path is not None and (not path.startswith("/") or "\0" in path or "\n" in path):
-            raise refuse(field, "must be an absolute path")
+    if container is not None and not CONTAINER.fullmatch(container):
+        raise refuse("container", CONTAINER_WORDS)
     for name in body.get("environment") or {}:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", name) or name.startswith(
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name) or name.startswith(
             ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
         ):
             raise refuse("environment", f"{name} may not be set")

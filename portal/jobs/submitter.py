@@ -20,7 +20,8 @@ into an argv list (never a shell string):
 reaches a root process (an LD_PRELOAD for runuser would run as root), and names that
 steer sbatch itself (SBATCH_*, SLURM_*) are refused. The job therefore runs as that
 Unix user and passes job_submit.lua like any sbatch: the same quote, refusal and hold.
-Users with a uid below `min_uid` (root, system users) are refused.
+Users with a uid outside `min_uid`-`max_uid` (root, system users, Debian's SlurmUser at
+64030, nobody) are refused.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ MAX_COST = re.compile(r"^[0-9]{1,13}(\.[0-9]{1,6})?$")
 MEMORY = re.compile(r"^[0-9]{1,9}[KMGT]?$")
 CLOUD = re.compile(r"^(yes|no)$")  # may job_submit route it to a cloud partition
 REQUEUE = re.compile(r"^yes$")  # a job with a retry policy: requeueable, for the daemon's retry pass
+# Slurm puts the bundle's path into oci.conf's command lines (%b): plain characters only.
+CONTAINER = re.compile(r"/[A-Za-z0-9._/\-]{0,4095}")
+CONTAINER_WORDS = "must be an absolute path of letters, digits, '.', '_', '-' and '/'"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 REFUSED_ENV_PREFIXES = ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
 MAX_ENV = 64
@@ -77,16 +81,16 @@ def peer_uid(conn: socket.socket) -> int:
     return int(uid)
 
 
-def _user(request: Mapping[str, Any], min_uid: int) -> pwd.struct_passwd:
+def _user(request: Mapping[str, Any], min_uid: int, max_uid: int) -> pwd.struct_passwd:
     name = request.get("user")
-    if not isinstance(name, str) or not USER_NAME.match(name):
+    if not isinstance(name, str) or not USER_NAME.fullmatch(name):
         raise BadRequest("user", "is not a user name")
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
         raise BadRequest("user", f"{name} is not a user on this host") from None
-    if entry.pw_uid < min_uid:
-        raise BadRequest("user", f"{name} is a system user (uid below {min_uid})")
+    if not min_uid <= entry.pw_uid <= max_uid:
+        raise BadRequest("user", f"{name} is a system user (uid outside {min_uid}-{max_uid})")
     return entry
 
 
@@ -98,7 +102,7 @@ def _text(
         if required:
             raise BadRequest(name, "is required")
         return None
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise BadRequest(name, f"{value!r} is not accepted")
     return value
 
@@ -130,8 +134,8 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
         options += ["--requeue"]
     container = spec.get("container")
     if container is not None:
-        if not isinstance(container, str) or not _absolute(container):
-            raise BadRequest("container", "must be an absolute path")
+        if not isinstance(container, str) or not CONTAINER.fullmatch(container):
+            raise BadRequest("container", CONTAINER_WORDS)
         options += [f"--container={container}"]
     comment = directive_comment(max_cost, cloud)
     if comment is not None:
@@ -160,7 +164,7 @@ def sbatch_argv(spec: Mapping[str, Any], user: pwd.struct_passwd, sbatch: str = 
         raise BadRequest("environment", f"must be an object of at most {MAX_ENV} variables")
     assignments = []
     for key, value in sorted(environment.items()):
-        if not ENV_NAME.match(key) or key.startswith(REFUSED_ENV_PREFIXES):
+        if not ENV_NAME.fullmatch(key) or key.startswith(REFUSED_ENV_PREFIXES):
             raise BadRequest("environment", f"{key!r} may not be set")
         if not isinstance(value, str) or "\0" in value:
             raise BadRequest("environment", f"{key} must be a string without NUL")
@@ -194,16 +198,22 @@ class Submitter:
     """Answers requests (already read from an allowed peer) by running Slurm as the user."""
 
     def __init__(
-        self, *, min_uid: int = 1000, bin_dir: str = "/usr/bin", run: Runner = subprocess.run
+        self,
+        *,
+        min_uid: int = 1000,
+        max_uid: int = 59999,
+        bin_dir: str = "/usr/bin",
+        run: Runner = subprocess.run,
     ) -> None:
         self.min_uid = min_uid
+        self.max_uid = max_uid
         self.bin_dir = bin_dir
         self.run = run
 
     def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
         try:
             op = request.get("op")
-            user = _user(request, self.min_uid)
+            user = _user(request, self.min_uid, self.max_uid)
             if op == "submit":
                 return self._submit(request, user)
             if op == "cancel":

@@ -96,8 +96,8 @@ def test_a_retry_is_recorded_once_per_failed_run_and_a_policy_is_its_own_jobs(en
 
 def test_a_requeued_job_is_known_by_its_first_submission_and_a_reused_id_is_not(engine: Engine) -> None:
     """SubmitTime moves to each requeue, so a requeued job is matched by its run-0 hold's
-    SubmitTime; a job given the same id after Slurm lost its state has a run-0 hold of its
-    own, later than the policy."""
+    SubmitTime; a job given the same id after Slurm lost its state has a later first
+    submission (its own SubmitTime, or its own run-0 hold)."""
     sessions = make_sessionmaker(engine)
     first = NOW - timedelta(seconds=2)  # sbatch returned, then the portal kept the policy
     with sessions() as s, s.begin():
@@ -107,17 +107,22 @@ def test_a_requeued_job_is_known_by_its_first_submission_and_a_reused_id_is_not(
         keep_retry_policy(s, "lab", 41, "bob", RetryPolicy(2, ("exit:75",), 30), NOW)
     requeued = NOW + timedelta(days=2)
     with sessions() as s, s.begin():
-        assert policies_of(s, "lab", {41: ("bob", first)}).keys() == {41}  # never requeued
-        assert policies_of(s, "lab", {41: ("bob", requeued)}) == {}  # requeued: no run-0 hold to say
-        assert policies_of(s, "lab", {41: ("carol", first)}) == {}
+        assert policies_of(s, "lab", {41: ("bob", first, 0)}).keys() == {41}  # never requeued
+        assert policies_of(s, "lab", {41: ("carol", first, 0)}) == {}
+        # Its first start refused by the prolog (no hold), requeued, run 1 failing: only
+        # its SubmitTime now to go by, within the job's life.
+        assert policies_of(s, "lab", {41: ("bob", requeued, 1)}).keys() == {41}
+        assert policies_of(s, "lab", {41: ("bob", NOW + timedelta(days=31), 1)}) == {}
     hold = api.HoldRequest("physics", user="bob", job_id=41, gpus="h100:1", seconds=60, cluster="lab")
     with sessions() as s, s.begin():
         api.create_hold(s, replace(hold, at=first, submitted_at=first))
     with sessions() as s, s.begin():
-        assert policies_of(s, "lab", {41: ("bob", requeued)}).keys() == {41}
+        assert policies_of(s, "lab", {41: ("bob", requeued, 1)}).keys() == {41}
+        assert policies_of(s, "lab", {41: ("bob", requeued, None)}).keys() == {41}  # sacct's: runs unknown
     reused = NOW + timedelta(hours=1)  # Slurm lost its state; id 41 again, bob's again
     with sessions() as s, s.begin():
+        assert policies_of(s, "lab", {41: ("bob", reused, 0)}) == {}  # queued, or its first run failed
         api.create_hold(s, replace(hold, at=reused, submitted_at=reused))
     with sessions() as s, s.begin():
-        assert policies_of(s, "lab", {41: ("bob", reused)}) == {}
-        assert policies_of(s, "lab", {41: ("bob", reused + timedelta(days=1))}) == {}  # that one requeued
+        assert policies_of(s, "lab", {41: ("bob", reused, 0)}) == {}
+        assert policies_of(s, "lab", {41: ("bob", reused + timedelta(days=1), 1)}) == {}  # that one requeued

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, tok
 from tests.support.portal import Site, bearer
 
 KEY = b"0123456789abcdef0123456789abcdef"
-USERS = {"alice": (1001, "/home/alice"), "root": (0, "/root")}
+USERS = {"alice": (1001, "/home/alice"), "root": (0, "/root"), "slurm": (64030, "/nonexistent")}
 SPEC = JobSpec("physics", "#!/bin/sh\nsleep 1\n", "h100:1", "00:01:30")
 
 
@@ -70,14 +71,14 @@ def test_the_job_description_is_what_sbatch_would_be_given() -> None:
         container="/srv/bundles/alice",
         retry=RetryPolicy(max_retries=2, on=("exit:75",), backoff_seconds=30),
     )
-    assert job_description(spec, "/home/alice/") == {
+    assert job_description(spec, "alice", "/home/alice/") == {
         "script": "#!/bin/sh\nsleep 1\n",
         "account": "physics",
         "tres_per_node": "gres/gpu:h100:2",
         "time_limit": {"set": True, "infinite": False, "number": 1441},  # minutes, rounded up as sbatch does
         "current_working_directory": "/home/alice/",
         "standard_output": "/home/alice/slurm-%j.out",
-        "environment": ["EPOCHS=3", "PATH=/usr/local/bin:/usr/bin:/bin"],
+        "environment": ["EPOCHS=3", "HOME=/home/alice/", "PATH=/usr/local/bin:/usr/bin:/bin", "USER=alice"],
         "name": "train",
         "cpus_per_task": 4,
         "memory_per_node": {"set": True, "infinite": False, "number": 2},
@@ -98,7 +99,7 @@ def test_a_submit_goes_to_the_newest_rest_version_as_the_user(
     newest = {"24.11": "v0.0.42", "26.05": "v0.0.45"}[fake.version]
     [(_, _, _, _), (method, path, user, body)] = fake.requests  # the OpenAPI document, then the submit
     assert (method, path, user) == ("POST", f"/slurm/{newest}/job/submit", "alice")
-    assert body == {"job": job_description(SPEC, "/home/alice")}
+    assert body == {"job": job_description(SPEC, "alice", "/home/alice")}
     backend.submit("alice", SPEC)
     assert len(fake.requests) == 3  # the version is asked once
 
@@ -114,25 +115,35 @@ def test_a_refused_submit_carries_slurmrestds_words(slurmrestd: tuple[FakeSlurmr
     )
 
 
+@pytest.mark.parametrize(
+    ("number", "words"),
+    [
+        (1001, "Unable to contact slurm controller (connect failure)"),
+        (5004, "Socket timed out on send/recv operation"),  # it may even be queued
+        (11, "Resource temporarily unavailable"),
+    ],
+)
 def test_a_submit_slurmctld_never_decided_is_unavailable_not_refused(
-    slurmrestd: tuple[FakeSlurmrestd, RestBackend],
+    slurmrestd: tuple[FakeSlurmrestd, RestBackend], number: int, words: str
 ) -> None:
-    """slurm_errno's 1000s are the protocol's (slurmctld down): nothing was refused, so
-    not a 422 the user would read as the job's fault. The shape is the recorded refusal's."""
+    """Only job_submit's refusal (-1) and slurmctld's own (ESLURM_*, 2000s) are the job's
+    fault; anything else is Slurm unavailable, not a 422 a client would not retry. The
+    shape is the recorded refusal's."""
     fake, backend = slurmrestd
-    down = "Unable to contact slurm controller (connect failure)"
-    error = {"description": "Batch job submission failed", "error_number": 1001, "error": down}
+    error = {"description": "Batch job submission failed", "error_number": number, "error": words}
     error["source"] = "slurm_submit_batch_job()"
     fake.submit_answer = {"status": 500, "body": {"errors": [error]}}
-    with pytest.raises(SlurmUnavailable, match="connect failure"):
+    with pytest.raises(SlurmUnavailable, match=re.escape(words)):
         backend.submit("alice", SPEC)
 
 
 def test_root_and_unknown_users_get_no_token(slurmrestd: tuple[FakeSlurmrestd, RestBackend]) -> None:
     fake, backend = slurmrestd
     for user, words in (
-        ("root", "root is a system user (uid below 1000)"),
+        ("root", "root is a system user (uid outside 1000-59999)"),
+        ("slurm", "slurm is a system user (uid outside 1000-59999)"),  # Debian's SlurmUser
         ("mallory", "mallory is not a user"),
+        ("alice\n", "alice\n is not a user"),
     ):
         with pytest.raises(InvalidInput) as refused:
             backend.submit(user, SPEC)

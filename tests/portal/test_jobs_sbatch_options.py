@@ -8,7 +8,7 @@ import pwd
 
 import pytest
 
-from portal.jobs.submitter import BadRequest, sbatch_argv, sbatch_options
+from portal.jobs.submitter import CONTAINER_WORDS, BadRequest, sbatch_argv, sbatch_options
 
 SPEC = {"account": "physics", "gpus": "h100:2", "time_limit": "02:00:00"}
 
@@ -49,7 +49,7 @@ def test_a_cloud_value_job_submit_would_not_read_is_refused(cloud: str) -> None:
 
 def test_a_container_is_sbatchs_own_option_and_must_be_absolute() -> None:
     assert sbatch_options({**SPEC, "container": "/srv/bundles/bob"})[-1] == "--container=/srv/bundles/bob"
-    for bad in ("bundles/bob", "/srv/b\nundle", "/srv/\0"):
+    for bad in ("bundles/bob", "/srv/b\nundle", "/srv/\0", "/srv/bundle\n", "/srv/$(id)", "/srv/a b"):
         with pytest.raises(BadRequest) as refused:
             sbatch_options({**SPEC, "container": bad})
-        assert (refused.value.field, refused.value.message) == ("container", "must be an absolute path")
+        assert (refused.value.field, refused.value.message) == ("container", CONTAINER_WORDS)

@@ -183,7 +183,7 @@ def test_root_and_system_users_are_refused(own_socket: str, recorder: Recorder) 
         "ok": False,
         "error": "invalid_input",
         "field": "user",
-        "message": "root is a system user (uid below 1000)",
+        "message": "root is a system user (uid outside 1000-59999)",
     }
     assert recorder.calls == []
 

@@ -12,6 +12,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from portal.jobs.backend import JobSpec
+from portal.jobs.submitter import CONTAINER_WORDS
 from tests.support.fake_jobs import FakeBackend, seeded_backend
 from tests.support.portal import Site, bearer
 
@@ -68,7 +69,13 @@ def test_a_job_is_submitted_as_the_tokens_user_with_its_quote(
             "environment: LD_PRELOAD may not be set",
         ),
         ("bob", {"working_dir": "data"}, "working_dir", "working_dir: must be an absolute path"),
-        ("bob", {"container": "bundles/x"}, "container", "container: must be an absolute path"),
+        ("bob", {"container": "bundles/x"}, "container", f"container: {CONTAINER_WORDS}"),
+        (
+            "bob",
+            {"memory": "16G\n"},
+            "memory",
+            "memory: must be a number with an optional K, M, G or T (like 16G)",
+        ),
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_nothing_is_submitted(
