@@ -40,10 +40,6 @@ def missing() -> str | None:
     return None
 
 
-def bundle_of(bundles: Path, user: str) -> Path:
-    return bundles / user
-
-
 def prepare(etc_dir: Path, bundles: Path, users: Iterable[str]) -> str:
     """oci.conf in `etc_dir` and a busybox bundle for each user under `bundles` (kept
     once made); what to log. Without runc or busybox, no oci.conf: Slurm refuses
@@ -57,7 +53,7 @@ def prepare(etc_dir: Path, bundles: Path, users: Iterable[str]) -> str:
     bundles.mkdir(parents=True, exist_ok=True)
     bundles.chmod(0o755)
     for user in users:
-        _bundle(bundle_of(bundles, user), user)
+        _bundle(bundles / user, user)
     return f"containers: rootless runc; a busybox bundle per user in {bundles}/USER"
 
 

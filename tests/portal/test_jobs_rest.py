@@ -172,7 +172,7 @@ def test_a_token_signed_with_another_key_is_refused_by_slurmrestd(
     wrong = tmp_path / "wrong.key"
     wrong.write_bytes(b"not the cluster's key")
     backend = RestBackend(fake.url, str(wrong), passwd=passwd)
-    with pytest.raises(Exception, match="slurmrestd GET /openapi/v3: HTTP 401"):
+    with pytest.raises(SlurmUnavailable, match="slurmrestd GET /openapi/v3: HTTP 401"):
         backend.submit("alice", SPEC)
 
 
