@@ -915,6 +915,11 @@ class _Supervisor:
         # Job ids restart at 1 with Slurm's state wiped: an old slurm-N.out of another user
         # in the sticky job directory would make job N fail to launch (JobLaunchFailure).
         shutil.rmtree(JOB_DIR, ignore_errors=True)
+        # The accounting database is made anew at each start (start_mariadb); state a box
+        # killed before its stop left would name the old cluster id: slurmctld refuses to
+        # start ("fatal: CLUSTER ID MISMATCH").
+        for d in (STATE_DIR / "slurmctld", STATE_DIR / "slurmd"):
+            shutil.rmtree(d, ignore_errors=True)
         for d in (STATE_DIR / "slurmctld", *(STATE_DIR / "slurmd" / n for n in NODES), JOB_DIR):
             d.mkdir(parents=True, exist_ok=True)
         if box.cloud:  # a fresh provider (moto keeps nothing) and a fresh journal

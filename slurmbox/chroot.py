@@ -699,7 +699,10 @@ class _Supervisor:
         what = "installed" if installed["installed"] else "kept"
         wheel, python = installed.get("wheel"), installed.get("python")
         self.log(f"{what} gpucredit ({wheel}, Python {python}) in {installed['seconds']} s")
-        shutil.rmtree(box.inside(JOB_DIR), ignore_errors=True)
+        # A fresh accounting database each start (start_mariadb) needs fresh state: state a
+        # killed box left names the old cluster id, and slurmctld refuses it (CLUSTER ID MISMATCH).
+        for d in (JOB_DIR, f"{STATE_DIR}/slurmctld", f"{STATE_DIR}/slurmd"):
+            shutil.rmtree(box.inside(d), ignore_errors=True)
         for d in (
             f"{STATE_DIR}/slurmctld",
             *(f"{STATE_DIR}/slurmd/{n}" for n in NODES),

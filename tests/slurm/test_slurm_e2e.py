@@ -132,7 +132,7 @@ def test_a_new_job_with_an_old_jobs_id_is_held_settled_and_reconciled_as_itself(
     old_account = cluster.new_account("10")
     old = cluster.run_job(old_account, "--gres=gpu:h100:1", "-t", "2", "--wrap", "sleep 3")
     [old_hold] = books.check(old_account, {old: PRICES["h100"]})[old]
-    cluster.rebuild_box()
+    cluster.rebuild_box(as_if_killed=True)  # and the start after a kill wipes the old state
     new_account = cluster.new_account("10")
     new = cluster.run_job(new_account, "--gres=gpu:h100:1", "-t", "3", "--wrap", "sleep 2")
     assert new == old  # the id really was reused

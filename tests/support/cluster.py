@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -184,12 +185,24 @@ class Cluster:
         self.box.wait_state(job, state, timeout=timeout)
         return job
 
-    def rebuild_box(self) -> None:
+    def rebuild_box(self, *, as_if_killed: bool = False) -> None:
         """`make slurm-down` + `make slurm-up` with this ledger kept: Slurm's state and
         accounting are wiped (job ids restart at 1), then this module's accounts are
-        added to Slurm again and its hooks reinstalled."""
+        added to Slurm again and its hooks reinstalled.
+
+        `as_if_killed`: slurmctld's saved state is put back after the stop, as a box
+        killed without its stop (a machine's end, SIGKILL) leaves it; it names the
+        cluster id of an accounting database the next start replaces."""
         detach = self.box._supervisor is None  # a box from `make slurm-up` stays detached
+        state = self.box.inside("/var/lib/gpucredit-box/slurmctld")
+        saved = state.with_name("slurmctld.as-if-killed")
+        if as_if_killed:
+            shutil.rmtree(saved, ignore_errors=True)
+            shutil.copytree(state, saved, symlinks=True)
         self.box.down()
+        if as_if_killed:
+            assert not state.exists()
+            saved.rename(state)
         self.box.up(detach=detach)
         for name in self.accounts:
             self._add_slurm_account(name)
