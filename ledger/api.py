@@ -41,7 +41,8 @@ The parts, and the sub-package each lives in:
                            PartitionOption, route_quote (the placement, from the database)
     cloud budget (pricing) cloud_spend, cloud_budget_breach, CloudSpend, CloudBudgetScope:
                            an account's cloud spend this month against its budget
-    job_submit (pricing)   Snapshot, SnapshotKeeper: the picture job_submit is answered from
+    job_submit (pricing)   Snapshot, SnapshotKeeper: the picture job_submit is answered from;
+                           cap_refusal: the cap it refuses a job for, read now
     holds (holds)          create_hold(s, HoldRequest(...)), hold_usage, settle_hold,
                            release_hold, adjust_hold, hold_refusal, record_unreserved_run,
                            HoldRequest, HoldState, HoldStatus and UNKNOWN_SUBMIT (store);
@@ -188,7 +189,7 @@ from ledger.pricing.routing import (
     candidate_partitions,
     route,
 )
-from ledger.pricing.snapshot import Snapshot, SnapshotKeeper
+from ledger.pricing.snapshot import Snapshot, SnapshotKeeper, cap_refusal
 from ledger.store.models import UNKNOWN_SUBMIT, HoldStatus
 from ledger.views.charge_counter import ChargeCounter, ChargeTotals
 from ledger.views.cloud_report import COLUMNS as CLOUD_REPORT_COLUMNS
@@ -271,6 +272,7 @@ __all__ = [
     "balance",
     "cancel_payment",
     "candidate_partitions",
+    "cap_refusal",
     "capped_accounts",
     "charge_entries",
     "charge_for",

@@ -13,6 +13,7 @@ run the same code (:func:`ledger.pricing.quotes.estimate` over a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from ledger.books.balance import available_credit
 from ledger.books.credit_use import CreditUse, credit_in_force
 from ledger.books.pools import Room, pool_rooms, pool_settings, pool_uses
 from ledger.books.tree import account_parents, ancestors
-from ledger.errors import NotFound
+from ledger.errors import LimitExceeded, NotFound
 from ledger.limits.caps import Limits
 from ledger.limits.rules import (
     Usage,
@@ -37,7 +38,7 @@ from ledger.limits.rules import (
     subtree_usage,
 )
 from ledger.pricing.cloud_budget import CloudBudgetScope, CloudSpend, cloud_spend, month_of
-from ledger.pricing.prices import PriceTable, load_price_table
+from ledger.pricing.prices import PriceTable, load_price_table, parse_gpus
 from ledger.pricing.quotes import Estimate, estimate
 from ledger.store.tables import accounts_t, entries_t, limits_t, pools_t, prices_t
 from ledger.timeutil import utcnow
@@ -247,6 +248,18 @@ def take_snapshot(
         cloud_month=None if budget_scope is None else month_of(now)[0],
         cloud_spends=spends,
     )
+
+
+def cap_refusal(
+    s: Any, account: str, user: str, gpus: str | dict[str, int], seconds: int, *, partition: str | None = None
+) -> LimitExceeded | None:
+    """The cap job_submit refuses this job for on its own, from a picture read in `s` now:
+    what a refusal that comes back without job_submit's words (slurmrestd's) was for."""
+    snapshot = take_snapshot(lambda: contextlib.nullcontext(s))
+    found = snapshot.estimate(
+        account, parse_gpus(gpus), seconds, user=user, partition=partition, at=snapshot.taken_at
+    )
+    return found.limit_breach
 
 
 class SnapshotKeeper:

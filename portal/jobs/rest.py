@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from ledger.errors import InsufficientCredits, InvalidInput, LedgerError
+from ledger.errors import InsufficientCredits, InvalidInput, LedgerError, LimitExceeded
 from ledger.timeutil import parse_slurm_duration
 from portal.auth import Forbidden
 from portal.jobs.backend import COMMAND_TIMEOUT, CommandReader, JobSpec, Runner, SlurmUnavailable, Submitted
@@ -143,12 +143,17 @@ VERDICT_WORDS = {
 }
 
 
-def words_of_refusal(quote: dict[str, Any], refused: RefusedBySlurm) -> LedgerError:
+def words_of_refusal(
+    quote: dict[str, Any], refused: RefusedBySlurm, cap: LimitExceeded | None = None
+) -> LedgerError:
     """The API's refusal for a submit slurmrestd refused, from the ledger's quote of the
-    same job: job_submit refuses on that quote's verdict (routing, then credit)."""
+    same job and the cap job_submit finds it over on its own (`api.cap_refusal`), in
+    job_submit's order: routing's verdicts, the cap, then credit."""
     details = {"slurmrestd": refused.message}
     routing = quote.get("routing") or {}
     verdict = routing.get("refusal")
+    if cap is not None and verdict in (None, "over_cap", "over_credit"):
+        return LimitExceeded(cap.code, f"gpucredit: {cap.code}: {cap.message}", {**cap.details, **details})
     if verdict:
         [named] = [p for p in routing["partitions"] if p["partition"] == routing.get("refused_at")] or [None]
         where = "" if named is None else f" in {named['partition'] or 'the default partition'}"

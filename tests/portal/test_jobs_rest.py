@@ -15,11 +15,13 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from ledger import api
 from ledger.errors import InvalidInput
 from ledger.jobs.retries import RetryPolicy
 from portal.auth import Forbidden
 from portal.jobs.backend import JobSpec, SlurmUnavailable, Submitted
 from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib, user_token
+from portal.store import transaction
 from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, token_user
 from tests.support.portal import Site, bearer
 
@@ -210,3 +212,26 @@ def test_a_refusal_through_slurmrestd_is_worded_from_the_ledgers_quote(
     fine = client.post("/api/v1/jobs", json=body, headers=bearer(site.tokens["bob"]))
     assert (fine.status_code, fine.get_json()["error"]["code"]) == (422, "slurm_refused")
     assert fine.get_json()["error"]["message"] == "Batch job submission failed (Unspecified error)"
+
+
+def test_a_job_over_a_cap_on_its_own_is_refused_through_slurmrestd_with_429_naming_it(
+    app: Flask, client: FlaskClient, site: Site, rest_app: FakeSlurmrestd
+) -> None:
+    with app.app_context(), transaction() as s:
+        api.set_limits(s, "physics", user="bob", max_gpus=1)
+    body = {**SPEC.as_request(), "script": SPEC.script, "gpus": "h100:2", "time_limit": "00:01:00"}
+    over = client.post("/api/v1/jobs", json=body, headers=bearer(site.tokens["bob"]))
+    assert over.status_code == 429, over.get_json()
+    error = over.get_json()["error"]
+    assert error["code"] == "concurrent_gpus"
+    assert error["message"] == "gpucredit: concurrent_gpus: 2 GPUs exceed the cap of 1 for user bob"
+    assert {k: error["details"][k] for k in ("limit", "scope", "value", "cap")} == {
+        "limit": "concurrent_gpus",
+        "scope": "user",
+        "value": 2,
+        "cap": 1,
+    }
+    # A cap is the account's and its user's: carol's same job in chemistry is not over it.
+    other = {**body, "account": "chemistry"}
+    fine = client.post("/api/v1/jobs", json=other, headers=bearer(site.tokens["carol"]))
+    assert (fine.status_code, fine.get_json()["error"]["code"]) == (422, "slurm_refused")

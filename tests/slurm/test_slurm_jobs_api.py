@@ -180,6 +180,29 @@ def test_a_refused_submission_changes_nothing(cluster: Cluster, portal: Flask, a
     assert client.get(f"/api/v1/jobs?account={account}", headers=alice).get_json()["items"] == []
 
 
+def test_a_job_over_a_cap_on_its_own_is_refused_with_429_naming_it(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    """On 22.05 from sbatch's words; through slurmrestd (which keeps them in its log) from
+    the cap the ledger finds the job over, as job_submit found it."""
+    account = cluster.new_account("10")
+    with cluster.tx() as s:
+        api.set_limits(s, account, user="alice", max_gpus=1)
+    client = portal.test_client()
+    body = {"account": account, "script": SCRIPT, "gpus": "h100:2", "time_limit": "00:01:00"}
+    # job_submit quotes from the daemon's picture, which sees a new cap within its refresh
+    # (1 s): a job accepted before that is cancelled, and the submit tried again.
+    deadline = time.monotonic() + 30
+    while (answer := client.post("/api/v1/jobs", json=body, headers=alice)).status_code == 201:
+        cluster.run("scancel", str(answer.get_json()["job_id"]))
+        assert time.monotonic() < deadline, "job_submit never saw the cap"
+        time.sleep(1)
+    assert answer.status_code == 429, answer.get_json()
+    error = answer.get_json()["error"]
+    assert error["code"] == "concurrent_gpus"
+    assert "gpucredit: concurrent_gpus: 2 GPUs exceed the cap of 1 for user alice" in error["message"], error
+
+
 @contextmanager
 def on_premise_full(cluster: Cluster) -> Iterator[None]:
     """Every on-premise H100 (the API's jobs go to the default partition, onprem) taken by
