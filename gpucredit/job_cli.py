@@ -145,9 +145,9 @@ def job_group() -> None:
     "retry_max",
     type=int,
     default=None,
-    help="requeue it up to N times when it exits with a --retry-on code",
+    help="requeue it up to N times on a --retry-on failure",
 )
-@click.option("--retry-on", multiple=True, help="exit:N, repeatable (an exit code to retry on)")
+@click.option("--retry-on", multiple=True, help="node_fail or exit:N, repeatable (a failure to retry on)")
 @click.option(
     "--retry-backoff", type=int, default=None, help="seconds before the first retry, doubling (default 60)"
 )

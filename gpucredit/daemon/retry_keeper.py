@@ -1,7 +1,8 @@
-"""The retry pass: a job whose run failed with an exit code its retry policy names is requeued,
-after a backoff (ledger.jobs.retries holds the policies and the rule; docs/api.md, "Retries").
+"""The retry pass: a job whose run failed with an exit code its retry policy names is
+requeued after a backoff, and a node failure it names is counted and waits its backoff
+(ledger.jobs.retries holds the policies and the rule; docs/api.md, "Retries").
 
-Every tick the daemon lists the jobs slurmctld still holds as FAILED (`squeue --Format`,
+Every tick the daemon lists the jobs slurmctld holds as FAILED or PENDING (`squeue --Format`,
 no free text asked: MinJobAge keeps a finished job there, 300 s by default), reads the
 policies of those jobs in one query, and for each covered exit code with retries left
 records the retry (keyed by the failed run, so it is decided once), commits, and runs
@@ -21,10 +22,15 @@ charges the run to it (accounting_bridge/sacct/ingest.py).
 
 Slurm requeues only a requeueable job ("Requested operation is presently disabled"
 otherwise, and a finished job's flag cannot be changed), so the portal submits a job
-with a policy `--requeue`: a node failure is then requeued by Slurm itself
-and refunded, as any requeueable job's. A start the prolog parked because the ledger was
-unreachable needs no policy either: the daemon releases every such job once a hold can
-be taken (hook_service.release).
+with a policy `--requeue`: a node failure is then requeued by Slurm itself and refunded,
+as any requeueable job's. The same squeue lists such a job PENDING again with a
+RestartCnt; when its policy names node_fail and sacct says the run before ended
+NODE_FAIL, the keeper records a retry and sets the job's StartTime to its backoff
+(Slurm holds a requeued job back ~10 s first, BeginTime), or cancels the job when the
+policy has no retries left. A requeue sacct names otherwise (an admin's, a start the
+prolog refused) is Slurm's own, as is a node failure of a policy that does not name it.
+A start the prolog parked because the ledger was unreachable needs no policy either:
+the daemon releases every such job once a hold can be taken (hook_service.release).
 """
 
 from __future__ import annotations
@@ -33,17 +39,18 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from accounting_bridge.slurm.records import parse_parsable2, sacct_jobs_argv
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from ledger.jobs.retries import policies_of, record_retry
+from ledger.jobs.retries import NODE_FAIL, names_node_fail, policies_of, record_retry
 from ledger.timeutil import utcnow
 from slurmtext import SlurmTextError, parse_format_rows, parse_time
 
-__all__ = ["RetryKeeper", "failure_of"]
+__all__ = ["SQUEUE", "SQUEUE_REQUEUED", "RetryKeeper", "failure_of"]
 
 log = logging.getLogger("gpucredit.daemon")
 
@@ -57,6 +64,11 @@ SQUEUE = (
     "--states=FAILED",
     "--Format=" + ",".join(f"{f}:|" for f in FIELDS),
 )
+# The pending jobs too (to find those Slurm requeued), only while a policy names node_fail:
+# a site's whole queue every pass is slurmctld's time.
+SQUEUE_REQUEUED = (*SQUEUE[:3], "--states=FAILED,PENDING", *SQUEUE[4:])
+# How far before a requeued job's SubmitTime (the requeue) sacct is asked for its runs.
+RUNS_LOOKBACK = timedelta(hours=1)
 
 
 def failure_of(state: str, exit_code: str) -> str | None:
@@ -96,13 +108,17 @@ class RetryKeeper:
         self.clock = clock
         self.parked: dict[int, datetime] = {}  # requeued and held, not yet released: job -> its start
         self.refused: set[int] = set()  # jobs whose requeue failed, logged once (tried each pass)
+        self.not_node_failed: set[tuple[int, int]] = set()  # (job, run) requeued for another cause
 
     def tick(self) -> list[int]:
         """One pass; the jobs requeued (and released)."""
         released = [job_id for job_id, start in list(self.parked.items()) if self._release(job_id, start)]
         # job id -> (failure, run, user, submitted, ended)
         failed: dict[int, tuple[str, int, str, datetime, datetime | None]] = {}
-        for line in self.run(SQUEUE).split("\n"):
+        requeued: dict[int, tuple[int, str, datetime]] = {}  # pending again: job id -> (run, user, submitted)
+        with self.sessions() as s:
+            node_fail = names_node_fail(s, self.cluster, self.clock())
+        for line in self.run(SQUEUE_REQUEUED if node_fail else SQUEUE).split("\n"):
             if not line.strip():
                 continue
             try:
@@ -111,11 +127,23 @@ class RetryKeeper:
             except SlurmTextError as error:  # one unreadable job never stops the others
                 log.warning("retry pass: squeue line %r: %s", line[:200], error)
                 continue
-            failure = failure_of(row["State"], row["exit_code"])
             job_text, run_text = row["JobID"], row["RestartCnt"]
-            if failure and submitted and job_text.isascii() and job_text.isdigit() and run_text.isdigit():
+            if not (submitted and job_text.isascii() and job_text.isdigit() and run_text.isdigit()):
+                continue
+            failure = failure_of(row["State"], row["exit_code"])
+            if failure:
                 failed[int(job_text)] = (failure, int(run_text), row["UserName"], submitted, ended)
+            elif row["State"] == "PENDING" and int(run_text) > 0:
+                requeued[int(job_text)] = (int(run_text), row["UserName"], submitted)
         self.refused.intersection_update(failed)  # the rest are gone from slurmctld
+        self.not_node_failed.intersection_update(
+            (job_id, run - 1) for job_id, (run, _u, _s) in requeued.items()
+        )
+        if requeued:
+            try:
+                self._node_failures(requeued)
+            except SlurmCommandError as error:  # sacct did not answer: asked again next pass
+                log.warning("retry pass: node failures: %s", error)
         if not failed:
             return released
         now = self.clock()
@@ -145,6 +173,65 @@ class RetryKeeper:
                     )
                 due.append((job_id, retry.not_before))
         return released + [job_id for job_id, not_before in due if self._requeue(job_id, not_before, now)]
+
+    def _node_failures(self, requeued: dict[int, tuple[int, str, datetime]]) -> None:
+        """Slurm requeued these jobs itself. Those whose policy names node_fail and whose
+        last run sacct says ended NODE_FAIL: a retry recorded and its backoff set as the
+        job's start, or, with no retries left, the job cancelled."""
+        with self.sessions() as s, s.begin():
+            jobs = {job_id: (user, submitted, run) for job_id, (run, user, submitted) in requeued.items()}
+            policies = policies_of(s, self.cluster, jobs)
+        asked = {
+            job_id: job
+            for job_id, job in policies.items()
+            if job.policy.covers(NODE_FAIL)
+            and job.for_run(requeued[job_id][0] - 1) is None
+            and (job_id, requeued[job_id][0] - 1) not in self.not_node_failed
+        }
+        if not asked:
+            return
+        since = min(requeued[job_id][2] for job_id in asked) - RUNS_LOOKBACK
+        now = self.clock()
+        runs = parse_parsable2(self.run(sacct_jobs_argv(asked, since, now))).runs
+        ends = {(r.job_id, r.run): r for r in runs if r.finished}
+        decided: list[tuple[int, datetime | None]] = []  # job id -> its start (None: cancel)
+        with self.sessions() as s, s.begin():
+            for job_id, job in asked.items():
+                run = requeued[job_id][0] - 1
+                ended = ends.get((job_id, run))
+                if ended is None:  # not in sacct yet: the next pass asks again
+                    continue
+                if ended.state != "NODE_FAIL":  # an admin's requeue, a refused start
+                    self.not_node_failed.add((job_id, run))
+                    continue
+                if job.left <= 0:
+                    log.info(
+                        "job %s run %s ended NODE_FAIL: no retries left of %s, cancelled",
+                        job_id,
+                        run,
+                        job.policy.max_retries,
+                    )
+                    decided.append((job_id, None))
+                    continue
+                retry = record_retry(s, job, run, NODE_FAIL, now, ended.end)
+                log.info(
+                    "job %s run %s ended NODE_FAIL: retry %s of %s, not before %s",
+                    job_id,
+                    run,
+                    len(job.retries) + 1,
+                    job.policy.max_retries,
+                    retry.not_before.isoformat(),
+                )
+                decided.append((job_id, retry.not_before))
+        for job_id, start in decided:
+            wait = None if start is None else math.ceil((start - self.clock()).total_seconds())
+            try:
+                if wait is None:
+                    self.run(["scancel", str(job_id)])
+                elif wait > 0:  # Slurm holds a requeued job back some seconds: time to set it
+                    self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+            except SlurmCommandError as error:  # started or gone meanwhile: nothing to undo
+                log.warning("retry pass: job %s: %s", job_id, error)
 
     def _requeue(self, job_id: int, not_before: datetime, now: datetime) -> bool:
         wait = (not_before - now).total_seconds() > 0

@@ -1,11 +1,13 @@
 """Retries of jobs submitted through the portal: the policy, kept at submit, and each
 retry the daemon decides (docs/api.md, "Retries").
 
-A policy names the exit codes it retries on (`exit:N`, N 1-255: the script's own way to
-say "transient"), how many retries it allows, and the first wait. Two other transient
-failures need no policy: a node failure is requeued by Slurm itself (a job with a policy
-is submitted `--requeue`) and refunded, and a start the prolog parked while the ledger
-was unreachable is released by the daemon once a hold can be taken.
+A policy names the failures it retries on (`exit:N`, N 1-255: the script's own way to
+say "transient"; `node_fail`: a node died under the run), how many retries it allows,
+and the first wait. Slurm requeues a node failure itself (a job with a policy is
+submitted `--requeue`) and the failed run is refunded; a policy that names `node_fail`
+counts those retries against its `max` and waits its backoff, and past `max` the job is
+cancelled. A start the prolog parked while the ledger was unreachable needs no policy:
+the daemon releases it once a hold can be taken.
 
 The n-th retry waits backoff_seconds x 2^(n-1), at most an hour. The daemon's retry
 keeper (gpucredit/daemon/retry_keeper.py) records a retry, keyed by the run that failed,
@@ -41,10 +43,12 @@ from ledger.store.tables import holds_t, retries_t, retry_policies_t
 from ledger.timeutil import format_time
 
 __all__ = [
+    "NODE_FAIL",
     "JobRetries",
     "RetryPolicy",
     "job_retries",
     "keep_retry_policy",
+    "names_node_fail",
     "policies_of",
     "record_retry",
     "retried_run_ends",
@@ -57,6 +61,7 @@ DEFAULT_BACKOFF_SECONDS = 60
 CLOCK_SLACK = timedelta(seconds=60)
 KEPT_WITHIN = timedelta(minutes=10)
 MAX_JOB_LIFE = timedelta(days=30)
+NODE_FAIL = "node_fail"  # the policy's word for a run Slurm ended NODE_FAIL (and requeued)
 _EXIT = re.compile(r"exit:([1-9][0-9]{0,2})")
 
 
@@ -86,13 +91,13 @@ class RetryPolicy:
             raise _refuse("retry.max", f"must be a whole number from 1 to {MAX_RETRIES}")
         on = body.get("on")
         if not isinstance(on, list) or not on or not all(isinstance(f, str) for f in on):
-            raise _refuse("retry.on", "must list the exit codes to retry on, like exit:75")
-        if len(on) > MAX_EXIT_CODES:
+            raise _refuse("retry.on", "must list the failures to retry on, like node_fail or exit:75")
+        if len(set(on) - {NODE_FAIL}) > MAX_EXIT_CODES:
             raise _refuse("retry.on", f"lists more than {MAX_EXIT_CODES} exit codes")
         for failure in on:
             exit_code = _EXIT.fullmatch(failure)
-            if exit_code is None or int(exit_code[1]) > 255:
-                raise _refuse("retry.on", f"{failure!r} is not exit:1..255")
+            if failure != NODE_FAIL and (exit_code is None or int(exit_code[1]) > 255):
+                raise _refuse("retry.on", f"{failure!r} is not node_fail or exit:1..255")
         backoff = body.get("backoff_seconds", DEFAULT_BACKOFF_SECONDS)
         if not _whole(backoff) or not 0 <= backoff <= MAX_BACKOFF_SECONDS:
             raise _refuse("retry.backoff_seconds", f"must be whole seconds from 0 to {MAX_BACKOFF_SECONDS}")
@@ -168,6 +173,16 @@ def keep_retry_policy(
             created_at=now,
         )
     )
+
+
+def names_node_fail(s: Session, cluster: str, now: datetime) -> bool:
+    """Whether a policy that names node_fail may still be a live job's (kept within
+    MAX_JOB_LIFE): only then does the retry pass look for jobs Slurm requeued."""
+    p = retry_policies_t.c
+    found = select(p.id).where(
+        p.cluster == cluster, p.created_at >= now - MAX_JOB_LIFE, p.retry_on.contains(NODE_FAIL)
+    )
+    return s.execute(found.limit(1)).first() is not None
 
 
 def job_retries(s: Session, cluster: str, job_ids: Collection[int]) -> dict[int, JobRetries]:

@@ -41,9 +41,9 @@ RETRY_POLICY = {
         "on": {
             "type": "array",
             "minItems": 1,
-            "maxItems": 16,
-            "items": {"type": "string", "pattern": r"^exit:[1-9][0-9]{0,2}$"},
-            "example": ["exit:75"],
+            "maxItems": 17,
+            "items": {"type": "string", "pattern": r"^(node_fail|exit:[1-9][0-9]{0,2})$"},
+            "example": ["node_fail", "exit:75"],
         },
         "backoff_seconds": {"type": "integer", "minimum": 0, "maximum": 3600, "default": 60},
     },

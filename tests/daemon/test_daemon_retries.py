@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from accounting_bridge.slurm.records import sacct_jobs_argv
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
-from gpucredit.daemon.retry_keeper import SQUEUE, RetryKeeper, failure_of
-from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy
+from gpucredit.daemon.retry_keeper import RUNS_LOOKBACK, SQUEUE, SQUEUE_REQUEUED, RetryKeeper, failure_of
+from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy, record_retry
 from ledger.store.db import make_sessionmaker
 from slurmtext import format_time
 
@@ -51,8 +52,10 @@ def keep(engine: Engine) -> Policies:
     return Policies(engine)
 
 
-def keeper(keep: Policies, squeue: list[str], at: datetime = NOW) -> tuple[RetryKeeper, FakeRunner]:
-    runner = FakeRunner({SQUEUE: "\n".join(squeue) + "\n"})
+def keeper(
+    keep: Policies, squeue: list[str], at: datetime = NOW, argv: tuple[str, ...] = SQUEUE
+) -> tuple[RetryKeeper, FakeRunner]:
+    runner = FakeRunner({argv: "\n".join(squeue) + "\n"})
     return RetryKeeper(runner, keep.sessions, "lab", clock=lambda: at), runner
 
 
@@ -158,3 +161,83 @@ def test_a_held_job_cancelled_meanwhile_is_let_go(keep: Policies) -> None:
     runner.add(update, FakeResponse(returncode=1, stderr="slurm_update error: Invalid job id specified"))
     assert burst.tick() == []
     assert burst.parked == {}
+
+
+# -- node failures: Slurm requeues the job itself; a policy naming node_fail counts them ------------
+
+
+def sacct_of(job_id: int, *ended: str) -> tuple[tuple[str, ...], str]:
+    """sacct's answer (the argv the keeper asks, its text) for a job Slurm requeued after
+    runs that ended in the states `ended`, the last at SUBMITTED + 5 min: a row for each
+    run, then the pending one's."""
+    argv = sacct_jobs_argv([job_id], SUBMITTED + timedelta(minutes=5) - RUNS_LOOKBACK, NOW)
+    tres = "billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,mem=1G,node=1"
+    job, rows, last = f"{job_id}|{job_id}|lab|bob|physics|onprem", [], SUBMITTED
+    for n, state in enumerate(ended):
+        submit, start, end = (
+            format_time(SUBMITTED + timedelta(minutes=5 * (n + 2 - len(ended)) + m)) for m in (-4, -3, 0)
+        )
+        rows.append(f"{job}|{state}|{submit}|{start}|{end}|180|10|1|node2|{tres}|{tres}")
+        last = end
+    rows.append(f"{job}|PENDING|{last}|Unknown|Unknown|0|10|0|None assigned||{tres}")
+    return tuple(argv), "\n".join(rows) + "\n"
+
+
+def requeued_line(job_id: int, run: int) -> str:
+    """squeue's line for a job Slurm requeued: PENDING again, SubmitTime the requeue."""
+    return line(job_id, "PENDING", "0", run, SUBMITTED + timedelta(minutes=5))
+
+
+def test_a_node_failure_a_policy_names_is_a_retry_with_its_backoff_and_past_max_the_job_is_cancelled(
+    keep: Policies,
+) -> None:
+    keep(71, {"max": 1, "on": ["node_fail", "exit:75"], "backoff_seconds": 30})
+    burst, runner = keeper(keep, [requeued_line(71, 1)], argv=SQUEUE_REQUEUED)
+    runner.add(*sacct_of(71, "NODE_FAIL"))
+    runner.add(("scontrol", "update", "JobId=71", "StartTime=now+30"))
+    assert burst.tick() == []
+    assert runner.calls[2:] == [("scontrol", "update", "JobId=71", "StartTime=now+30")]
+    with keep.sessions() as s:
+        [retry] = job_retries(s, "lab", [71])[71].retries
+    assert (retry.run, retry.cause, retry.not_before) == (0, "node_fail", NOW + timedelta(seconds=30))
+    assert retry.ended_at == SUBMITTED + timedelta(minutes=5)  # sacct's End of run 0
+    assert burst.tick() == []  # decided once: no second retry, no second question to sacct
+    assert runner.calls[3:] == [SQUEUE_REQUEUED]
+    # Its one retry used, run 1 dies with its node too: Slurm requeued it, the keeper cancels it.
+    again, runner = keeper(keep, [requeued_line(71, 2)], argv=SQUEUE_REQUEUED)
+    runner.add(*sacct_of(71, "NODE_FAIL", "NODE_FAIL"))
+    runner.add(("scancel", "71"))
+    assert again.tick() == []
+    assert runner.calls[2:] == [("scancel", "71")]
+
+
+def test_a_requeue_for_another_cause_or_by_a_policy_without_node_fail_is_slurms_own(keep: Policies) -> None:
+    keep(72, {"max": 2, "on": ["node_fail"]})  # its run 0's start refused by the prolog: REQUEUED
+    keep(73, {"max": 2, "on": ["exit:75"]})  # a node failure, not named: Slurm's requeue stands
+    keep(74, {"max": 2, "on": ["node_fail", "exit:75"]})  # requeued by the keeper on exit 75
+    with keep.sessions() as s, s.begin():
+        job = job_retries(s, "lab", [74])[74]
+        record_retry(s, job, 0, "exit:75", NOW - timedelta(seconds=10))
+    pending = [requeued_line(72, 1), requeued_line(73, 1), requeued_line(74, 1), line(75, "PENDING", "0", 0)]
+    burst, runner = keeper(keep, pending, argv=SQUEUE_REQUEUED)
+    runner.add(*sacct_of(72, "REQUEUED"))
+    assert burst.tick() == []
+    assert runner.calls == [SQUEUE_REQUEUED, sacct_of(72, "REQUEUED")[0]]
+    assert burst.tick() == []  # 72's run 0 is known not to be a node failure: sacct not asked again
+    assert runner.calls[2:] == [SQUEUE_REQUEUED]
+    with keep.sessions() as s:
+        assert [len(j.retries) for j in job_retries(s, "lab", [72, 73, 74]).values()] == [0, 0, 1]
+
+
+def test_the_pending_jobs_are_listed_only_while_a_policy_names_node_fail(keep: Policies) -> None:
+    keep(76, {"max": 1, "on": ["exit:75"]})
+    burst, runner = keeper(keep, [])
+    assert burst.tick() == []
+    assert runner.calls == [SQUEUE]  # the failed jobs alone
+    keep(77, {"max": 1, "on": ["node_fail"]}, at=NOW - timedelta(days=31))  # no live job's
+    assert burst.tick() == []
+    assert runner.calls == [SQUEUE, SQUEUE]
+    keep(78, {"max": 1, "on": ["node_fail"]})
+    runner.add(SQUEUE_REQUEUED, "")
+    assert burst.tick() == []
+    assert runner.calls[2:] == [SQUEUE_REQUEUED]

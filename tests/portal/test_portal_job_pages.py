@@ -183,7 +183,7 @@ def test_a_refusal_shows_the_ledgers_code_and_sbatchs_words_and_submits_nothing(
         (
             {"retry_max": "2", "retry_on": "oom"},
             "retry.on",
-            "retry.on: 'oom' is not exit:1..255",
+            "retry.on: 'oom' is not node_fail or exit:1..255",
         ),
         (
             {"retry_max": "2", "retry_on": "exit:75", "retry_backoff_seconds": "soon"},

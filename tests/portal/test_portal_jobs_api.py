@@ -237,7 +237,7 @@ def test_the_running_jobs_cost_grows_from_the_ledger(
 def test_a_retry_policy_is_kept_with_the_job_which_is_submitted_requeueable(
     client: FlaskClient, site: Site, fake: FakeBackend
 ) -> None:
-    retry = {"max": 2, "on": ["exit:75", "exit:1"], "backoff_seconds": 30}
+    retry = {"max": 2, "on": ["exit:75", "node_fail", "exit:1"], "backoff_seconds": 30}
     answer = post(client, site, "bob", {**BODY, "retry": retry})
     assert answer.status_code == 201, answer.get_json()
     job_id = answer.get_json()["job_id"]
@@ -264,7 +264,7 @@ def test_a_retry_policy_is_kept_with_the_job_which_is_submitted_requeueable(
         ({"max": 1, "on": []}, "retry.on"),
         ({"max": 1, "on": ["exit:256"]}, "retry.on"),  # past the schema's pattern: the ledger's rule
         ({"max": 1, "on": ["timeout"]}, "retry.on[0]"),
-        ({"max": 1, "on": ["node_fail"]}, "retry.on[0]"),  # Slurm's own to retry
+        ({"max": 1, "on": ["node_fails"]}, "retry.on[0]"),
         ({"max": 1, "on": [f"exit:{n}" for n in range(1, 256)]}, "retry.on"),  # nothing submitted, no 500
         ({"max": 1, "on": ["exit:75"], "backoff_seconds": 3601}, "retry.backoff_seconds"),
         ({"max": 1, "on": ["exit:75"], "forever": True}, "retry.forever"),

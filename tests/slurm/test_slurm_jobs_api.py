@@ -398,3 +398,73 @@ def test_a_run_that_exits_75_is_retried_after_its_backoff_and_each_attempt_is_ch
     ]
     assert done["cost"] == format_credits(sum(h.charged_ucredits for h in holds))
     assert (done["retry"]["done"], [r["cause"] for r in done["retry"]["retries"]]) == (1, ["exit:75"])
+
+
+def _until(what: str, check: Any, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
+        time.sleep(0.5)
+    return got
+
+
+def _node_back(cluster: Cluster, node: str) -> None:
+    """Resume a node set down (it may be back already: `resume` then fails), until it serves."""
+    cluster.box.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    up = ("idle", "mixed", "allocated", "completing")
+    _until(f"{node} back", lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%T").strip() in up, 60)
+
+
+def test_a_node_failure_the_policy_names_is_retried_once_then_the_job_is_cancelled_and_each_run_refunded(
+    cluster: Cluster, portal: Flask, alice: dict[str, str]
+) -> None:
+    """Slurm requeues a node failure itself; the daemon's retry pass counts it against the
+    policy's max (sacct says the run ended NODE_FAIL) and, past max, cancels the job."""
+    since = datetime.now(UTC)
+    account = cluster.new_account("10")
+    client = portal.test_client()
+    body = {
+        "account": account,
+        "script": "#!/bin/sh\nsleep 300\n",
+        "gpus": "h100:1",
+        "time_limit": "00:10:00",
+        "retry": {"max": 1, "on": ["node_fail"], "backoff_seconds": 0},
+    }
+    answer = client.post("/api/v1/jobs", json=body, headers=alice)
+    assert answer.status_code == 201, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    for run in (0, 1):
+        info = _until(
+            f"run {run} running",
+            lambda run=run: (
+                (i := cluster.box.scontrol_job(job_id))["JobState"] == "RUNNING"
+                and int(i["Restarts"]) == run
+                and i
+            ),
+        )
+        node = info["NodeList"]
+        cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=gpucredit-node-fail-test")
+        try:
+            if run == 0:  # retried: the pass recorded it; Slurm starts run 1 (on the other H100 node)
+                with_retry = _until(
+                    "the retry",
+                    lambda: client.get(f"/api/v1/jobs/{job_id}", headers=alice).get_json()["retry"][
+                        "retries"
+                    ],
+                )
+                assert [(r["after_run"], r["cause"]) for r in with_retry] == [(0, "node_fail")]
+            else:  # its one retry used: cancelled
+                cluster.box.wait_state(job_id, "CANCELLED", timeout=90)
+        finally:
+            _node_back(cluster, node)
+    rows = sacct_runs(cluster.box, job_id, account)
+    assert [row["State"].split()[0] for row in rows] == ["NODE_FAIL", "NODE_FAIL", "CANCELLED"], rows
+    cluster.bridge_sacct(since)
+    holds = cluster.holds(job_id, account)
+    assert [(h.run, h.state, h.charged_ucredits) for h in holds] == [(0, "settled", 0), (1, "settled", 0)]
+    done = wait_for(client, alice, job_id, {"cancelled"})
+    assert [(a["run"], a["charged"], a["refunded"]) for a in done["attempts"]] == [
+        (0, "0.00", True),
+        (1, "0.00", True),
+    ]
+    assert (done["retry"]["done"], done["cost"]) == (1, "0.00")
