@@ -25,10 +25,13 @@ otherwise, and a finished job's flag cannot be changed), so the portal submits a
 with a policy `--requeue`: a node failure is then requeued by Slurm itself and refunded,
 as any requeueable job's. The same squeue lists such a job PENDING again with a
 RestartCnt; when its policy names node_fail and sacct says the run before ended
-NODE_FAIL, the keeper records a retry and sets the job's StartTime to its backoff
-(Slurm holds a requeued job back ~10 s first, BeginTime), or cancels the job when the
-policy has no retries left. A requeue sacct names otherwise (an admin's, a start the
-prolog refused) is Slurm's own, as is a node failure of a policy that does not name it.
+NODE_FAIL, the keeper records a retry and sets the job's StartTime to its backoff where
+that is later than Slurm's own hold-back (BeginTime: cred_expire + 1 s, 121 s by default,
+squeue's StartTime of the pending job), or cancels the job when the policy has no retries
+left. sacct is asked for the job's runs since its first submit, and only that job's
+(user, submit time) count: an older job of a reused id has rows under the same id. A
+requeue sacct names otherwise (an admin's, a start the prolog refused) is Slurm's own,
+as is a node failure of a policy that does not name it.
 A start the prolog parked because the ledger was unreachable needs no policy either:
 the daemon releases every such job once a hold can be taken (hook_service.release).
 """
@@ -39,14 +42,14 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from accounting_bridge.slurm.records import parse_parsable2, sacct_jobs_argv
+from accounting_bridge.slurm.records import SacctRun, parse_parsable2, sacct_jobs_argv
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from ledger.jobs.retries import NODE_FAIL, names_node_fail, policies_of, record_retry
+from ledger.jobs.retries import KEPT_WITHIN, NODE_FAIL, JobRetries, names_node_fail, policies_of, record_retry
 from ledger.timeutil import utcnow
 from slurmtext import SlurmTextError, parse_format_rows, parse_time
 
@@ -56,7 +59,7 @@ log = logging.getLogger("gpucredit.daemon")
 
 # scontrol's words for a job no longer there to release.
 JOB_GONE = ("Invalid job id", "already completing or completed")
-FIELDS = ("JobID", "UserName", "State", "exit_code", "RestartCnt", "SubmitTime", "EndTime")
+FIELDS = ("JobID", "UserName", "State", "exit_code", "RestartCnt", "SubmitTime", "EndTime", "StartTime")
 SQUEUE = (
     "squeue",
     "--all",
@@ -67,8 +70,6 @@ SQUEUE = (
 # The pending jobs too (to find those Slurm requeued), only while a policy names node_fail:
 # a site's whole queue every pass is slurmctld's time.
 SQUEUE_REQUEUED = (*SQUEUE[:3], "--states=FAILED,PENDING", *SQUEUE[4:])
-# How far before a requeued job's SubmitTime (the requeue) sacct is asked for its runs.
-RUNS_LOOKBACK = timedelta(hours=1)
 
 
 def failure_of(state: str, exit_code: str) -> str | None:
@@ -115,7 +116,8 @@ class RetryKeeper:
         released = [job_id for job_id, start in list(self.parked.items()) if self._release(job_id, start)]
         # job id -> (failure, run, user, submitted, ended)
         failed: dict[int, tuple[str, int, str, datetime, datetime | None]] = {}
-        requeued: dict[int, tuple[int, str, datetime]] = {}  # pending again: job id -> (run, user, submitted)
+        # pending again: job id -> (run, user, submitted, the start Slurm holds it back to)
+        requeued: dict[int, tuple[int, str, datetime, datetime | None]] = {}
         with self.sessions() as s:
             node_fail = names_node_fail(s, self.cluster, self.clock())
         for line in self.run(SQUEUE_REQUEUED if node_fail else SQUEUE).split("\n"):
@@ -124,6 +126,7 @@ class RetryKeeper:
             try:
                 [row] = parse_format_rows(line, FIELDS)
                 submitted, ended = parse_time(row["SubmitTime"]), parse_time(row["EndTime"])
+                begins = parse_time(row["StartTime"])
             except SlurmTextError as error:  # one unreadable job never stops the others
                 log.warning("retry pass: squeue line %r: %s", line[:200], error)
                 continue
@@ -134,10 +137,10 @@ class RetryKeeper:
             if failure:
                 failed[int(job_text)] = (failure, int(run_text), row["UserName"], submitted, ended)
             elif row["State"] == "PENDING" and int(run_text) > 0:
-                requeued[int(job_text)] = (int(run_text), row["UserName"], submitted)
+                requeued[int(job_text)] = (int(run_text), row["UserName"], submitted, begins)
         self.refused.intersection_update(failed)  # the rest are gone from slurmctld
         self.not_node_failed.intersection_update(
-            (job_id, run - 1) for job_id, (run, _u, _s) in requeued.items()
+            (job_id, run - 1) for job_id, (run, *_rest) in requeued.items()
         )
         if requeued:
             try:
@@ -174,12 +177,12 @@ class RetryKeeper:
                 due.append((job_id, retry.not_before))
         return released + [job_id for job_id, not_before in due if self._requeue(job_id, not_before, now)]
 
-    def _node_failures(self, requeued: dict[int, tuple[int, str, datetime]]) -> None:
+    def _node_failures(self, requeued: dict[int, tuple[int, str, datetime, datetime | None]]) -> None:
         """Slurm requeued these jobs itself. Those whose policy names node_fail and whose
-        last run sacct says ended NODE_FAIL: a retry recorded and its backoff set as the
+        run before sacct says ended NODE_FAIL: a retry recorded and its backoff set as the
         job's start, or, with no retries left, the job cancelled."""
         with self.sessions() as s, s.begin():
-            jobs = {job_id: (user, submitted, run) for job_id, (run, user, submitted) in requeued.items()}
+            jobs = {job_id: (user, submitted, run) for job_id, (run, user, submitted, _b) in requeued.items()}
             policies = policies_of(s, self.cluster, jobs)
         asked = {
             job_id: job
@@ -190,47 +193,49 @@ class RetryKeeper:
         }
         if not asked:
             return
-        since = min(requeued[job_id][2] for job_id in asked) - RUNS_LOOKBACK
+        # Every run of the job came after its first submit, which came at most KEPT_WITHIN
+        # before its policy was kept (ledger.jobs.retries).
+        since = min(job.kept_at for job in asked.values()) - KEPT_WITHIN
         now = self.clock()
         runs = parse_parsable2(self.run(sacct_jobs_argv(asked, since, now))).runs
-        ends = {(r.job_id, r.run): r for r in runs if r.finished}
         decided: list[tuple[int, datetime | None]] = []  # job id -> its start (None: cancel)
         with self.sessions() as s, s.begin():
             for job_id, job in asked.items():
-                run = requeued[job_id][0] - 1
-                ended = ends.get((job_id, run))
-                if ended is None:  # not in sacct yet: the next pass asks again
+                run, _user, _submitted, begins = requeued[job_id]
+                ended = _run_before(runs, job_id, job, run)
+                if ended is None:  # not all in sacct yet: the next pass asks again
                     continue
                 if ended.state != "NODE_FAIL":  # an admin's requeue, a refused start
-                    self.not_node_failed.add((job_id, run))
+                    self.not_node_failed.add((job_id, run - 1))
                     continue
                 if job.left <= 0:
                     log.info(
                         "job %s run %s ended NODE_FAIL: no retries left of %s, cancelled",
                         job_id,
-                        run,
+                        run - 1,
                         job.policy.max_retries,
                     )
                     decided.append((job_id, None))
                     continue
-                retry = record_retry(s, job, run, NODE_FAIL, now, ended.end)
+                retry = record_retry(s, job, run - 1, NODE_FAIL, now, ended.end)
                 log.info(
                     "job %s run %s ended NODE_FAIL: retry %s of %s, not before %s",
                     job_id,
-                    run,
+                    run - 1,
                     len(job.retries) + 1,
                     job.policy.max_retries,
                     retry.not_before.isoformat(),
                 )
-                decided.append((job_id, retry.not_before))
+                # Slurm holds a requeued job back itself (cred_expire + 1 s): only a later start is set.
+                if begins is None or retry.not_before > begins:
+                    decided.append((job_id, retry.not_before))
         for job_id, start in decided:
-            wait = None if start is None else math.ceil((start - self.clock()).total_seconds())
             try:
-                if wait is None:
+                if start is None:
                     self.run(["scancel", str(job_id)])
-                elif wait > 0:  # Slurm holds a requeued job back some seconds: time to set it
+                elif (wait := math.ceil((start - self.clock()).total_seconds())) > 0:
                     self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
-            except SlurmCommandError as error:  # started or gone meanwhile: nothing to undo
+            except SlurmCommandError as error:  # started or gone meanwhile: it starts as Slurm says
                 log.warning("retry pass: job %s: %s", job_id, error)
 
     def _requeue(self, job_id: int, not_before: datetime, now: datetime) -> bool:
@@ -271,3 +276,21 @@ class RetryKeeper:
             except (SlurmCommandError, SQLAlchemyError) as error:  # the next pass tries again
                 log.warning("retry pass failed: %s", error)
             stop.wait(interval)
+
+
+def _run_before(runs: list[SacctRun], job_id: int, job: JobRetries, run: int) -> SacctRun | None:
+    """Run `run - 1` of the job, from sacct's runs of its id: those of the policy's user
+    submitted since the policy was kept (an older job of a reused id is left out), and
+    only when all `run` of them have ended (sacct writes a run's end a moment late)."""
+    mine = [
+        r
+        for r in runs
+        if r.job_id == job_id
+        and r.user == job.user
+        and r.submit is not None
+        and r.submit >= job.kept_at - KEPT_WITHIN
+    ]
+    ended = sorted((r for r in mine if r.finished), key=lambda r: (r.submit, r.end))
+    if len(ended) != run:
+        return None
+    return ended[-1]

@@ -251,13 +251,14 @@ def take_snapshot(
 
 
 def cap_refusal(
-    s: Any, account: str, user: str, gpus: str | dict[str, int], seconds: int, *, partition: str | None = None
+    s: Any, account: str, user: str, gpus: str | dict[str, int], seconds: int
 ) -> LimitExceeded | None:
-    """The cap job_submit refuses this job for on its own, from a picture read in `s` now:
-    what a refusal that comes back without job_submit's words (slurmrestd's) was for."""
+    """The cap job_submit refuses this job (in the default partition) for on its own, from
+    a picture read in `s` now: what a refusal that comes back without job_submit's words
+    (slurmrestd's) was for."""
     snapshot = take_snapshot(lambda: contextlib.nullcontext(s))
     found = snapshot.estimate(
-        account, parse_gpus(gpus), seconds, user=user, partition=partition, at=snapshot.taken_at
+        account, parse_gpus(gpus), seconds, user=user, partition=None, at=snapshot.taken_at
     )
     return found.limit_breach
 

@@ -147,12 +147,13 @@ def words_of_refusal(
     quote: dict[str, Any], refused: RefusedBySlurm, cap: LimitExceeded | None = None
 ) -> LedgerError:
     """The API's refusal for a submit slurmrestd refused, from the ledger's quote of the
-    same job and the cap job_submit finds it over on its own (`api.cap_refusal`), in
-    job_submit's order: routing's verdicts, the cap, then credit."""
+    same job and, for a job not routed, the cap job_submit finds it over on its own
+    (`api.cap_refusal`), in job_submit's order: routing's verdict, or the cap, then credit.
+    (A routed job's cap is per partition, which job_submit weighs beside the rest.)"""
     details = {"slurmrestd": refused.message}
     routing = quote.get("routing") or {}
     verdict = routing.get("refusal")
-    if cap is not None and verdict in (None, "over_cap", "over_credit"):
+    if cap is not None and not routing:
         return LimitExceeded(cap.code, f"gpucredit: {cap.code}: {cap.message}", {**cap.details, **details})
     if verdict:
         [named] = [p for p in routing["partitions"] if p["partition"] == routing.get("refused_at")] or [None]

@@ -120,9 +120,10 @@ def submit(
     try:
         submitted = backend_of(current_app).submit(who.user, spec)
     except RefusedBySlurm as refused:  # slurmrestd keeps job_submit's words to itself
-        with transaction() as s:
-            at = (quote.get("routing") or {}).get("refused_at")
-            cap = api.cap_refusal(s, spec.account, who.user, spec.gpus, seconds, partition=at)
+        cap = None
+        if "routing" not in quote:
+            with transaction() as s:
+                cap = api.cap_refusal(s, spec.account, who.user, spec.gpus, seconds)
         raise words_of_refusal(quote, refused, cap) from None
     result = {"job_id": submitted.job_id, "state": "queued", "quote": quote, "message": submitted.message}
     with transaction() as s:

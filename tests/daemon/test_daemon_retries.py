@@ -12,8 +12,8 @@ from sqlalchemy import Engine
 
 from accounting_bridge.slurm.records import sacct_jobs_argv
 from accounting_bridge.slurm.slurmcmd import FakeResponse, FakeRunner
-from gpucredit.daemon.retry_keeper import RUNS_LOOKBACK, SQUEUE, SQUEUE_REQUEUED, RetryKeeper, failure_of
-from ledger.jobs.retries import RetryPolicy, job_retries, keep_retry_policy, record_retry
+from gpucredit.daemon.retry_keeper import SQUEUE, SQUEUE_REQUEUED, RetryKeeper, failure_of
+from ledger.jobs.retries import KEPT_WITHIN, RetryPolicy, job_retries, keep_retry_policy, record_retry
 from ledger.store.db import make_sessionmaker
 from slurmtext import format_time
 
@@ -21,9 +21,12 @@ NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 SUBMITTED = NOW - timedelta(minutes=10)
 
 
-def line(job_id: int, state: str, exit_code: str, run: int, submitted: datetime = SUBMITTED) -> str:
+def line(
+    job_id: int, state: str, exit_code: str, run: int, submitted: datetime = SUBMITTED, begins: str = "N/A"
+) -> str:
+    """squeue's line; `begins`, its StartTime: a pending job's is when it may start."""
     ended = format_time(submitted + timedelta(minutes=5))
-    return f"{job_id}|bob|{state}|{exit_code}|{run}|{format_time(submitted)}|{ended}|"
+    return f"{job_id}|bob|{state}|{exit_code}|{run}|{format_time(submitted)}|{ended}|{begins}|"
 
 
 def requeue(job_id: int, wait: int) -> list[tuple[str, ...]]:
@@ -91,8 +94,10 @@ def test_covered_failures_are_requeued_with_their_backoff_and_the_rest_left_alon
             line(83, "FAILED", "256", 0),  # exit 1, no backoff: requeued to start at once
             line(84, "FAILED", "19200", 0),  # no policy
             line(85, "FAILED", "19200", 0),
-            "87|carol|FAILED|19200|0|" + format_time(SUBMITTED) + "|Unknown|",  # bob's policy, carol's job
-            "86_1|bob|FAILED|19200|0|not read|Unknown|",
+            "87|carol|FAILED|19200|0|"
+            + format_time(SUBMITTED)
+            + "|Unknown|N/A|",  # bob's policy, carol's job
+            "86_1|bob|FAILED|19200|0|not read|Unknown|N/A|",
         ],
     )
     for command in requeue(81, 30) + requeue(83, 0):
@@ -170,7 +175,7 @@ def sacct_of(job_id: int, *ended: str) -> tuple[tuple[str, ...], str]:
     """sacct's answer (the argv the keeper asks, its text) for a job Slurm requeued after
     runs that ended in the states `ended`, the last at SUBMITTED + 5 min: a row for each
     run, then the pending one's."""
-    argv = sacct_jobs_argv([job_id], SUBMITTED + timedelta(minutes=5) - RUNS_LOOKBACK, NOW)
+    argv = sacct_jobs_argv([job_id], SUBMITTED - KEPT_WITHIN, NOW)
     tres = "billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,mem=1G,node=1"
     job, rows, last = f"{job_id}|{job_id}|lab|bob|physics|onprem", [], SUBMITTED
     for n, state in enumerate(ended):
@@ -183,9 +188,9 @@ def sacct_of(job_id: int, *ended: str) -> tuple[tuple[str, ...], str]:
     return tuple(argv), "\n".join(rows) + "\n"
 
 
-def requeued_line(job_id: int, run: int) -> str:
+def requeued_line(job_id: int, run: int, begins: str = "N/A") -> str:
     """squeue's line for a job Slurm requeued: PENDING again, SubmitTime the requeue."""
-    return line(job_id, "PENDING", "0", run, SUBMITTED + timedelta(minutes=5))
+    return line(job_id, "PENDING", "0", run, SUBMITTED + timedelta(minutes=5), begins)
 
 
 def test_a_node_failure_a_policy_names_is_a_retry_with_its_backoff_and_past_max_the_job_is_cancelled(
@@ -241,3 +246,40 @@ def test_the_pending_jobs_are_listed_only_while_a_policy_names_node_fail(keep: P
     runner.add(SQUEUE_REQUEUED, "")
     assert burst.tick() == []
     assert runner.calls[2:] == [SQUEUE_REQUEUED]
+
+
+def test_a_start_slurm_already_holds_the_job_back_past_is_left_as_slurm_set_it(keep: Policies) -> None:
+    """Slurm holds a requeued job back cred_expire + 1 s (121 s by default): a shorter
+    backoff must not start it sooner."""
+    keep(79, {"max": 2, "on": ["node_fail"], "backoff_seconds": 30})
+    begins = format_time(NOW + timedelta(seconds=121))
+    burst, runner = keeper(keep, [requeued_line(79, 1, begins)], argv=SQUEUE_REQUEUED)
+    runner.add(*sacct_of(79, "NODE_FAIL"))
+    assert burst.tick() == []
+    assert runner.calls == [SQUEUE_REQUEUED, sacct_of(79, "NODE_FAIL")[0]]  # no StartTime set
+    with keep.sessions() as s:
+        assert [r.cause for r in job_retries(s, "lab", [79])[79].retries] == ["node_fail"]
+
+
+def test_runs_are_read_as_the_jobs_own_and_only_once_sacct_has_them_all(keep: Policies) -> None:
+    """sacct's --jobs 70 also returns an older job of id 70 (its state lost, the id given
+    again): those runs are not this job's. And a run sacct has not closed yet leaves the
+    decision to a later pass, never to the run before it."""
+    keep(70, {"max": 2, "on": ["node_fail"], "backoff_seconds": 0})
+    argv, text = sacct_of(70, "NODE_FAIL", "REQUEUED")
+    old, new = (
+        format_time(SUBMITTED - timedelta(days=2)),
+        format_time(SUBMITTED - timedelta(days=2, minutes=-1)),
+    )
+    older = f"70|70|lab|bob|physics|onprem|NODE_FAIL|{old}|{new}|{new}|60|10|1|node1|billing=1|billing=1\n"
+    # Run 2 pending; sacct has closed run 0 but not yet run 1 (an admin's requeue).
+    unclosed = text.replace("|REQUEUED|", "|RUNNING|").replace("|180|10|1|node2|", "|0|10|1|node2|", 1)
+    burst, runner = keeper(keep, [requeued_line(70, 2)], argv=SQUEUE_REQUEUED)
+    runner.add(argv, older + unclosed)
+    assert burst.tick() == []
+    runner.add(argv, older + text)  # closed now: run 1 was not a node failure
+    assert burst.tick() == []
+    assert burst.tick() == []  # and that is remembered
+    assert runner.calls == [SQUEUE_REQUEUED, argv, SQUEUE_REQUEUED, argv, SQUEUE_REQUEUED]
+    with keep.sessions() as s:
+        assert job_retries(s, "lab", [70])[70].retries == ()

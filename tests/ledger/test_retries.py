@@ -25,7 +25,10 @@ NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
         ({"max": 0, "on": ["exit:75"]}, "retry.max: must be a whole number from 1 to 10"),
         ({"max": True, "on": ["exit:75"]}, "retry.max: must be a whole number from 1 to 10"),
         ({"on": ["exit:75"]}, "retry.max: must be a whole number from 1 to 10"),
-        ({"max": 1, "on": "exit:75"}, "retry.on: must list the failures to retry on, like node_fail or exit:75"),
+        (
+            {"max": 1, "on": "exit:75"},
+            "retry.on: must list the failures to retry on, like node_fail or exit:75",
+        ),
         ({"max": 1, "on": ["exit:256"]}, "retry.on: 'exit:256' is not node_fail or exit:1..255"),
         ({"max": 1, "on": [f"exit:{n}" for n in range(1, 18)]}, "retry.on: lists more than 16 exit codes"),
         ({"max": 1, "on": ["exit:0"]}, "retry.on: 'exit:0' is not node_fail or exit:1..255"),
