@@ -188,7 +188,8 @@ COMMANDS = [serve_command, token_group, passwd_command, export_group]
 
 @click.group("submitter")
 def submitter_group() -> None:
-    """The root service that runs a portal user's own sbatch/scancel (Slurm 22.05)."""
+    """The root service that runs a portal user's own sbatch/scancel (Slurm 22.05), or signs
+    their tokens for slurmrestd (24.11 and later)."""
 
 
 @submitter_group.command("serve")
@@ -203,8 +204,13 @@ def submitter_group() -> None:
     "--max-uid", type=int, default=59999, show_default=True, help="Users above this uid are refused."
 )
 @click.option("--bin-dir", default=None, help="Slurm's commands (default: slurm.bin_dir from the config).")
+@click.option(
+    "--jwt-key",
+    default=None,
+    help="Sign users' tokens for slurmrestd with this key (Slurm 24.11 and later); root alone reads it.",
+)
 def submitter_serve(
-    socket_path: str, allow_uid: int, min_uid: int, max_uid: int, bin_dir: str | None
+    socket_path: str, allow_uid: int, min_uid: int, max_uid: int, bin_dir: str | None, jwt_key: str | None
 ) -> None:
     """Serve the submitter on a Unix socket (run as root; docs/admin-guide.md)."""
     import logging
@@ -214,4 +220,6 @@ def submitter_serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     bin_dir = bin_dir or str(load_config()["slurm"].get("bin_dir", "/usr/bin"))
-    serve(socket_path, allow_uid, Submitter(min_uid=min_uid, max_uid=max_uid, bin_dir=bin_dir))
+    serve(
+        socket_path, allow_uid, Submitter(min_uid=min_uid, max_uid=max_uid, bin_dir=bin_dir, jwt_key=jwt_key)
+    )

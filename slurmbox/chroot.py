@@ -94,7 +94,7 @@ LOG_DIR = "/var/log/gpucredit-box"
 JOB_DIR = "/tmp/gpucredit-box-jobs"
 FAKE_GPU_DIR = f"{STATE_DIR}/fakegpu"
 CONFIG = "/etc/gpucredit/gpucredit.toml"
-JWT_KEY = slurmconf.DEFAULT_JWT_KEY  # auth/jwt's key: slurmctld checks tokens, the portal mints them
+JWT_KEY = slurmconf.DEFAULT_JWT_KEY  # auth/jwt's key: slurmctld checks tokens, the submitter mints them
 VENV_BIN = f"{rootfs.VENV}/bin"
 # What commands in the box see; `run` adds TERM and the user's own extras.
 ENV = {
@@ -556,6 +556,12 @@ class ChrootBox(BoxCommands):
         os.execvpe(full[0], full, env)
 
 
+def _older_config(text: str) -> bool:
+    """A config from before the box ran slurmrestd (no jobs_backend), or from when its
+    portal signed tokens itself (`jwt_key`: the submitter signs them now)."""
+    return "jobs_backend" not in text or re.search(r"(?m)^jwt_key\s*=", text) is not None
+
+
 def _kill_all(pids: Sequence[int], grace_s: float = 10) -> list[int]:
     """SIGTERM, then SIGKILL what is alive after `grace_s`; returns the pids killed so."""
     for pid in pids:
@@ -740,10 +746,10 @@ class _Supervisor:
             key = box.inside(JWT_KEY)
             if not key.exists():  # kept across starts: tokens minted before a restart stay good
                 _write(key, os.urandom(32).hex(), 0o600)
-            config = box.inside(CONFIG)  # kept across starts, but one from before has no slurmrestd
-            if config.exists() and "jobs_backend" not in config.read_text():
-                config.replace(config.with_name("gpucredit.toml.before-slurmrestd"))
-                self.log(f"moved aside {CONFIG} (written before the box ran slurmrestd); a new one follows")
+            config = box.inside(CONFIG)  # kept across starts, unless an older box wrote it
+            if config.exists() and _older_config(config.read_text()):
+                config.replace(config.with_name("gpucredit.toml.before"))
+                self.log(f"moved aside {CONFIG} (written by an older box); a new one follows")
         self.install_hooks()
 
     def install_hooks(self) -> None:

@@ -70,10 +70,10 @@ burst_after_seconds = 5
 
 def config_text(portal_port: int = PORTAL_PORT, slurmrestd: str | None = None) -> str:
     """The box's config: the portal's jobs through the submitter (22.05), or through
-    `slurmrestd` with tokens signed by the box's JWT key (the chroot boxes)."""
+    `slurmrestd` with tokens the submitter signs with the box's JWT key (the chroot boxes)."""
     jobs = f'submitter_socket = "{SUBMITTER_SOCKET}"'
     if slurmrestd is not None:
-        jobs = f'jobs_backend = "slurmrestd"\nslurmrestd_url = "{slurmrestd}"\njwt_key = "{DEFAULT_JWT_KEY}"'
+        jobs += f'\njobs_backend = "slurmrestd"\nslurmrestd_url = "{slurmrestd}"'
     return f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
 url = "sqlite:///{LEDGER}"
@@ -188,19 +188,18 @@ def weigh_as_its_unit(pid: int) -> str:
 
 
 def _start_portal(port: int, slurmrestd: str | None) -> list[str]:
-    """The submitter (unless jobs go through slurmrestd), then the portal, each once;
-    what to tell the admin."""
-    if slurmrestd is None and running_pid(SUBMITTER_PID_FILE) is None:
+    """The submitter (which signs the users' tokens where jobs go through slurmrestd),
+    then the portal, each once; what to tell the admin."""
+    if running_pid(SUBMITTER_PID_FILE) is None:
         SUBMITTER_SOCKET.unlink(missing_ok=True)
         argv = ["submitter", "serve", "--socket", str(SUBMITTER_SOCKET), "--allow-uid", str(os.getuid())]
+        if slurmrestd is not None:
+            argv += ["--jwt-key", DEFAULT_JWT_KEY]
         _background(argv, SUBMITTER_PID_FILE, "submitter.log", SUBMITTER_SOCKET.exists)
     if running_pid(PORTAL_PID_FILE) is None:
         _background(["serve"], PORTAL_PID_FILE, "portal.log", lambda: _answers(port))
-    jobs = (
-        f"slurmrestd at {slurmrestd}"
-        if slurmrestd is not None
-        else f"the submitter (pid {running_pid(SUBMITTER_PID_FILE)})"
-    )
+    submitter = f"the submitter (pid {running_pid(SUBMITTER_PID_FILE)})"
+    jobs = f"slurmrestd at {slurmrestd}, tokens from {submitter}" if slurmrestd is not None else submitter
     return [
         f"portal on http://127.0.0.1:{port}/ (pid {running_pid(PORTAL_PID_FILE)}), jobs through {jobs}; "
         f"a user needs no token: runuser -u alice -- {GPUCREDIT} job list"

@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from accounting_bridge.slurm.records import SacctRun, parse_parsable2, sacct_jobs_argv
 from accounting_bridge.slurm.slurmcmd import Runner, SlurmCommandError
-from ledger.jobs.retries import KEPT_WITHIN, NODE_FAIL, JobRetries, names_node_fail, policies_of, record_retry
+from ledger.jobs.retries import NODE_FAIL, JobRetries, names_node_fail, policies_of, record_retry
 from ledger.timeutil import utcnow
 from slurmtext import SlurmTextError, parse_format_rows, parse_time
 
@@ -193,9 +193,7 @@ class RetryKeeper:
         }
         if not asked:
             return
-        # Every run of the job came after its first submit, which came at most KEPT_WITHIN
-        # before its policy was kept (ledger.jobs.retries).
-        since = min(job.kept_at for job in asked.values()) - KEPT_WITHIN
+        since = min(job.submitted_since for job in asked.values())
         now = self.clock()
         runs = parse_parsable2(self.run(sacct_jobs_argv(asked, since, now))).runs
         decided: list[tuple[int, datetime | None]] = []  # job id -> its start (None: cancel)
@@ -288,7 +286,7 @@ def _run_before(runs: list[SacctRun], job_id: int, job: JobRetries, run: int) ->
         if r.job_id == job_id
         and r.user == job.user
         and r.submit is not None
-        and r.submit >= job.kept_at - KEPT_WITHIN
+        and r.submit >= job.submitted_since
     ]
     ended = sorted((r for r in mine if r.finished), key=lambda r: (r.submit, r.end))
     if len(ended) != run:

@@ -141,6 +141,12 @@ class JobRetries:
         )
 
     @property
+    def submitted_since(self) -> datetime:
+        """The earliest its job's first submission can be (`belongs_to`): every run of the
+        job, and none of an older job of the same id, came since."""
+        return self.kept_at - KEPT_WITHIN
+
+    @property
     def left(self) -> int:
         return self.policy.max_retries - len(self.retries)
 

@@ -3,15 +3,18 @@
     [portal]
     jobs_backend = "slurmrestd"
     slurmrestd_url = "http://127.0.0.1:6820"
-    jwt_key = "/etc/slurm/jwt_hs256.key"      # slurm.conf's AuthAltParameters=jwt_key=
+    submitter_socket = "/run/gpucredit/submitter.sock"   # the root submitter signs (--jwt-key)
+    # or: jwt_key = "/etc/slurm/jwt_hs256.key"         # the portal signs with the key itself
 
-For each submit or cancel the portal mints a token for the logged-in user, valid for
-`TOKEN_SECONDS`, signed with the cluster's key (HS256, the `sun` claim naming the
+For each submit or cancel the portal gets a token for the logged-in user, valid for
+`TOKEN_SECONDS` and signed with the cluster's key (HS256, the `sun` claim naming the
 user: what `scontrol token` makes). slurmrestd passes it to slurmctld, which runs the
 request as that user: the job is theirs and passes job_submit.lua like any sbatch.
-Holding the key is being able to act as any user, root included: the portal's service
-user reads it and nobody else (docs/admin-guide.md §4b), and the portal signs only for
-uids in the people's range (`min_uid`-`max_uid`, Debian's 1000-59999).
+Holding the key is being able to act as any user, root included. So by default the root
+submitter (portal.jobs.submitter) holds it and signs only for uids in the people's
+range, asked by the portal's uid alone: code run as the portal's user can then act as
+people, not as root. With `jwt_key` the portal signs itself (one host's trial; the
+portal checks the same range, docs/admin-guide.md §4b).
 
 The REST API's version is the newest the server offers of those this module writes
 (`DATA_PARSERS`); the job description is the same in each of them for the fields used.
@@ -25,9 +28,6 @@ applies.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import math
 import pwd
@@ -43,9 +43,8 @@ from ledger.errors import InsufficientCredits, InvalidInput, LedgerError, LimitE
 from ledger.timeutil import parse_slurm_duration
 from portal.auth import Forbidden
 from portal.jobs.backend import COMMAND_TIMEOUT, CommandReader, JobSpec, Runner, SlurmUnavailable, Submitted
-from portal.jobs.submitter import PATH, USER_NAME, directive_comment
+from portal.jobs.submitter import PATH, USER_NAME, ask, directive_comment, user_token
 
-TOKEN_SECONDS = 60
 # slurmrestd's data parsers this module writes, oldest first (24.11 offers v0.0.40-42,
 # 26.05 v0.0.42-45).
 DATA_PARSERS = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
@@ -59,20 +58,7 @@ ACCESS_DENIED = 2002
 # out, when the job may even be queued; EAGAIN) is Slurm unavailable, not the job's fault.
 REFUSALS = (-1, *range(2000, 3000))
 MEMORY_UNITS_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def user_token(key: bytes, user: str, now: float, lifetime: int = TOKEN_SECONDS) -> str:
-    """A JWT slurmctld's auth/jwt accepts as `user`'s word until now + lifetime."""
-    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
-    issued = int(now)
-    claims = {"iat": issued, "exp": issued + lifetime, "sun": user}
-    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
-    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
-    return f"{header}.{payload}.{_b64(signature)}"
+SIGNER_TIMEOUT = 5.0  # seconds for the submitter to sign a token (it reads a file)
 
 
 def _passwd(user: str) -> tuple[int, str]:
@@ -179,16 +165,22 @@ class RestBackend(CommandReader):
     def __init__(
         self,
         url: str,
-        key_path: str,
+        key_path: str | None,
         bin_dir: str = "/usr/bin",
         run: Runner = subprocess.run,
         passwd: Callable[[str], tuple[int, str]] | None = None,
         min_uid: int = 1000,
         max_uid: int = 59999,
+        signer: str | None = None,
     ) -> None:
+        """Tokens are signed here with the key at `key_path`, or, with no key, by the
+        submitter at the socket `signer` (which alone reads the key)."""
         super().__init__(bin_dir, run)
+        if (key_path is None) == (signer is None):
+            raise ValueError("give the JWT key's path or the signing submitter's socket, not both")
         self.url = url.rstrip("/")
         self.key_path = key_path
+        self.signer = signer
         self.passwd = passwd or _passwd
         self.min_uid = min_uid
         self.max_uid = max_uid
@@ -212,11 +204,27 @@ class RestBackend(CommandReader):
         return home
 
     def _token(self, user: str) -> str:
+        if self.signer is not None:
+            return self._signed_by_submitter(self.signer, user)
+        assert self.key_path is not None
         try:
             with open(self.key_path, "rb") as key:
                 return user_token(key.read(), user, time.time())
         except OSError as error:
             raise SlurmUnavailable(f"the portal cannot read the JWT key {self.key_path}: {error}") from None
+
+    @staticmethod
+    def _signed_by_submitter(socket_path: str, user: str) -> str:
+        try:
+            answer = ask(socket_path, {"op": "token", "user": user}, timeout=SIGNER_TIMEOUT)
+        except (OSError, ValueError) as error:
+            raise SlurmUnavailable(f"the submitter at {socket_path} did not answer: {error}") from None
+        token = answer.get("token")
+        if answer.get("ok") and isinstance(token, str):
+            return token
+        if answer.get("error") == "invalid_input" and answer.get("field") == "user":
+            raise InvalidInput(str(answer.get("message")), details={"field": "user"})
+        raise SlurmUnavailable(f"the submitter signed no token for {user}: {answer.get('message', answer)}")
 
     def _call(self, user: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         request = urllib.request.Request(

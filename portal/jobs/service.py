@@ -39,7 +39,6 @@ log = logging.getLogger("gpucredit.portal.jobs")
 MAX_JOB_ID = 4294967293  # Slurm's ids are 32-bit; above are its NO_VAL markers
 DEFAULT_SOCKET = "/run/gpucredit/submitter.sock"
 DEFAULT_SLURMRESTD = "http://127.0.0.1:6820"
-DEFAULT_JWT_KEY = "/etc/slurm/jwt_hs256.key"
 LIVE_STATES = ("queued", "running")  # the states scancel acts on
 MANAGING = ("manager", "admin")  # the roles that may cancel anyone's job in the account
 
@@ -54,9 +53,12 @@ def backend_of(app: Flask) -> JobBackend:
         bin_dir = str(config.get("slurm", {}).get("bin_dir", "/usr/bin"))
         if portal.get("jobs_backend", "submitter") == "slurmrestd":
             url = str(portal.get("slurmrestd_url") or DEFAULT_SLURMRESTD)
-            key = str(portal.get("jwt_key") or DEFAULT_JWT_KEY)
+            key = portal.get("jwt_key")  # else the submitter signs, which alone reads the key
+            signer = None if key else str(portal.get("submitter_socket") or DEFAULT_SOCKET)
             uids = (int(portal.get("jobs_min_uid", 1000)), int(portal.get("jobs_max_uid", 59999)))
-            backend = RestBackend(url, key, bin_dir, min_uid=uids[0], max_uid=uids[1])
+            backend = RestBackend(
+                url, str(key) if key else None, bin_dir, min_uid=uids[0], max_uid=uids[1], signer=signer
+            )
         else:
             backend = SubmitterBackend(str(portal.get("submitter_socket") or DEFAULT_SOCKET), bin_dir)
         app.extensions["gpucredit.jobs_backend"] = backend

@@ -1,8 +1,11 @@
 """The job submitter: a small root service that runs a user's own `sbatch` / `scancel`
 as that user, for the portal's service user only (Slurm 22.05 has no JWT, and
-slurmrestd refuses to run as root).
+slurmrestd refuses to run as root); on Slurm 24.11 and later, where the portal reaches
+slurmrestd, it signs the user's token instead, so the cluster's JWT key never enters
+the portal's process.
 
     gpucredit submitter serve --socket /run/gpucredit/submitter.sock --allow-uid 998
+    gpucredit submitter serve ... --jwt-key /etc/slurm/jwt_hs256.key      (tokens too)
 
 It listens on a Unix socket and answers one JSON request per connection (one line in,
 one line out). Before reading a byte it asks the kernel who connected (SO_PEERCRED)
@@ -26,7 +29,10 @@ Users with a uid outside `min_uid`-`max_uid` (root, system users, Debian's Slurm
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -36,6 +42,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -58,11 +65,26 @@ REQUEUE = re.compile(r"^yes$")  # a job with a retry policy: requeueable, for th
 CONTAINER = re.compile(r"/[A-Za-z0-9._/\-]{0,4095}")
 CONTAINER_WORDS = "must be an absolute path of letters, digits, '.', '_', '-' and '/'"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+TOKEN_SECONDS = 60  # a token for slurmrestd (Slurm 24.11 and later): one request's worth
 REFUSED_ENV_PREFIXES = ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
 MAX_ENV = 64
 MAX_CPUS = 4096
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def user_token(key: bytes, user: str, now: float, lifetime: int = TOKEN_SECONDS) -> str:
+    """A JWT slurmctld's auth/jwt accepts as `user`'s word until now + lifetime."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    issued = int(now)
+    claims = {"iat": issued, "exp": issued + lifetime, "sun": user}
+    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
+    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{_b64(signature)}"
 
 
 class BadRequest(ValueError):
@@ -204,11 +226,13 @@ class Submitter:
         max_uid: int = 59999,
         bin_dir: str = "/usr/bin",
         run: Runner = subprocess.run,
+        jwt_key: str | None = None,
     ) -> None:
         self.min_uid = min_uid
         self.max_uid = max_uid
         self.bin_dir = bin_dir
         self.run = run
+        self.jwt_key = jwt_key
 
     def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -218,9 +242,28 @@ class Submitter:
                 return self._submit(request, user)
             if op == "cancel":
                 return self._cancel(request, user)
-            raise BadRequest("op", f"{op!r} is not submit or cancel")
+            if op == "token":
+                return self._token(user)
+            raise BadRequest("op", f"{op!r} is not submit, cancel or token")
         except BadRequest as error:
             return {"ok": False, "error": "invalid_input", "field": error.field, "message": error.message}
+
+    def _token(self, user: pwd.struct_passwd) -> dict[str, Any]:
+        """A token slurmrestd takes as `user`'s, for TOKEN_SECONDS: the key stays here."""
+        if self.jwt_key is None:
+            raise BadRequest("op", "this submitter signs no tokens (serve it with --jwt-key)")
+        try:
+            with open(self.jwt_key, "rb") as key:  # read each time: a rotated key is used at once
+                token = user_token(key.read(), user.pw_name, time.time())
+        except OSError as error:
+            log.error("cannot read the JWT key %s: %s", self.jwt_key, error)
+            return {
+                "ok": False,
+                "error": "no_key",
+                "message": f"the submitter cannot read its JWT key: {error}",
+            }
+        log.info("token for %s", user.pw_name)
+        return {"ok": True, "token": token}
 
     def _submit(self, request: Mapping[str, Any], user: pwd.struct_passwd) -> dict[str, Any]:
         spec = request.get("spec")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pwd
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,8 @@ from ledger.errors import InvalidInput
 from ledger.jobs.retries import RetryPolicy
 from portal.auth import Forbidden
 from portal.jobs.backend import JobSpec, SlurmUnavailable, Submitted
-from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib, user_token
+from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib
+from portal.jobs.submitter import Submitter, serve, user_token
 from portal.store import transaction
 from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, token_user
 from tests.support.portal import Site, bearer
@@ -104,6 +108,47 @@ def test_a_submit_goes_to_the_newest_rest_version_as_the_user(
     assert body == {"job": job_description(SPEC, "alice", "/home/alice")}
     backend.submit("alice", SPEC)
     assert len(fake.requests) == 3  # the version is asked once
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> Iterator[str]:
+    """The root submitter with the key (`--jwt-key`), answering this process's uid: the
+    portal's backend asks it for each token and never reads the key."""
+    key = tmp_path / "jwt_hs256.key"
+    key.write_bytes(KEY)
+    path = str(tmp_path / "submitter.sock")
+    ready, stop = threading.Event(), threading.Event()
+    submitter = Submitter(jwt_key=str(key), run=lambda *a, **k: pytest.fail("ran a command"))  # type: ignore[arg-type]
+    thread = threading.Thread(
+        target=serve, args=(path, os.getuid(), submitter), kwargs={"ready": ready, "stop": stop}, daemon=True
+    )
+    thread.start()
+    assert ready.wait(5)
+    yield path
+    stop.set()
+    thread.join(5)
+
+
+@pytest.mark.parametrize("version", ["24.11", "26.05"])
+def test_with_the_submitter_signing_the_portal_acts_as_the_user_without_the_key(
+    version: str, signer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("portal.jobs.submitter.pwd.getpwnam", lambda user: pwd_entry(user))
+    with serving(FakeSlurmrestd(version, KEY)) as fake:
+        backend = RestBackend(fake.url, None, passwd=passwd, signer=signer)
+        submitted = backend.submit("alice", SPEC)
+        assert submitted.job_id == recorded(version, "submit")["body"]["job_id"]
+        assert [user for (_, _, user, _) in fake.requests] == ["alice", "alice"]  # each token checked
+        dead = RestBackend(fake.url, None, passwd=passwd, signer=signer + ".gone")
+        with pytest.raises(SlurmUnavailable, match=r"the submitter at .*\.gone did not answer"):
+            dead.submit("alice", SPEC)
+    with pytest.raises(ValueError, match="not both"):
+        RestBackend("http://127.0.0.1:1", "/etc/slurm/jwt_hs256.key", signer=signer)
+
+
+def pwd_entry(user: str) -> pwd.struct_passwd:
+    uid, home = USERS[user]
+    return pwd.struct_passwd((user, "x", uid, uid, user, home, "/bin/sh"))
 
 
 def test_a_refused_submit_carries_slurmrestds_words(slurmrestd: tuple[FakeSlurmrestd, RestBackend]) -> None:

@@ -7,6 +7,7 @@ import os
 import pwd
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from portal.jobs.submitter import Submitter, ask, serve
+from tests.support.fake_slurmrestd import token_user
 from tests.support.services import require
 
 
@@ -47,12 +49,12 @@ class Recorder:
         return subprocess.CompletedProcess(argv, self.rc, self.stdout, self.stderr)
 
 
-def _serving(tmp_path: Path, allow_uid: int, recorder: Recorder) -> Iterator[str]:
+def _serving(tmp_path: Path, allow_uid: int, recorder: Recorder, jwt_key: str | None = None) -> Iterator[str]:
     path = str(tmp_path / "submitter.sock")
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(
         target=serve,
-        args=(path, allow_uid, Submitter(min_uid=1000, run=recorder)),
+        args=(path, allow_uid, Submitter(min_uid=1000, run=recorder, jwt_key=jwt_key)),
         kwargs={"ready": ready, "stop": stop},
         daemon=True,
     )
@@ -205,3 +207,59 @@ def test_sbatch_refusing_is_passed_back_with_its_words(own_socket: str, recorder
     recorder.stderr = "sbatch: error: gpucredit: this job would cost ~0.06 credits\n"
     answer = ask(own_socket, {"op": "submit", "user": "alice", "spec": SPEC, "script": "#!/bin/sh\n"})
     assert answer == {"ok": False, "error": "refused", "exit": 1, "stderr": recorder.stderr}
+
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def signer(tmp_path: Path, recorder: Recorder) -> Iterator[str]:
+    key = tmp_path / "jwt_hs256.key"
+    key.write_bytes(KEY)
+    key.chmod(0o600)
+    yield from _serving(tmp_path, os.getuid(), recorder, jwt_key=str(key))
+
+
+@pytest.mark.usefixtures("alice")
+def test_with_the_key_it_signs_a_minutes_token_for_a_user_and_runs_nothing(
+    signer: str, recorder: Recorder
+) -> None:
+    before = time.time()
+    answer = ask(signer, {"op": "token", "user": "alice"})
+    assert answer["ok"] is True, answer
+    assert token_user(answer["token"], KEY, before + 59) == "alice"
+    assert token_user(answer["token"], KEY, before + 62) is None  # expired after its 60 s
+    assert recorder.calls == []
+
+
+def test_it_signs_for_no_system_user_and_for_no_peer_but_the_portal(
+    signer: str, tmp_path: Path, recorder: Recorder
+) -> None:
+    for user in ("root", "nobody"):
+        answer = ask(signer, {"op": "token", "user": user})
+        assert (answer["ok"], answer["field"]) == (False, "user"), answer
+        assert "system user" in answer["message"]
+    key = tmp_path / "other.key"
+    key.write_bytes(KEY)
+    other = _serving(tmp_path / "other", os.getuid() + 4242, recorder, jwt_key=str(key))
+    (tmp_path / "other").mkdir()
+    path = next(other)
+    try:
+        assert ask(path, {"op": "token", "user": "alice"}) == {
+            "ok": False,
+            "error": "forbidden",
+            "message": "only the portal may ask",
+        }
+    finally:
+        next(other, None)
+
+
+@pytest.mark.usefixtures("alice")
+def test_without_a_key_it_signs_nothing(own_socket: str) -> None:
+    answer = ask(own_socket, {"op": "token", "user": "alice"})
+    assert answer == {
+        "ok": False,
+        "error": "invalid_input",
+        "field": "op",
+        "message": "this submitter signs no tokens (serve it with --jwt-key)",
+    }

@@ -210,6 +210,51 @@ def test_a_gpu_job_is_quoted_held_and_settled_in_the_version_box(name: str) -> N
             box.down()
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", WANTED or ["24.11"])
+def test_on_a_login_node_alice_submits_through_the_boxs_portal_whose_tokens_the_submitter_signs(
+    name: str,
+) -> None:
+    """The box as `make slurm-up SLURM=V` leaves it: `gpucredit job submit` as alice (MUNGE,
+    no token) reaches the box's portal, which gets alice's token from the root submitter
+    (the portal's config names no key) and submits through slurmrestd: the job is alice's."""
+    if name not in WANTED:
+        pytest.skip("set GPUCREDIT_BOX_VERSIONS='24.11 26.05' to run Slurm in their chroot boxes")
+    box = ChrootBox(versions.get(name))
+    reason = box.cannot_start_reason()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    was_up = box.is_up()
+    box.up()
+    try:
+        _ok(box, ["gpucredit", "topup", "physics", "10"])
+        assert "jwt_key" not in box.inside("/etc/gpucredit/gpucredit.toml").read_text()
+        submit = [
+            "gpucredit",
+            "job",
+            "submit",
+            "-",
+            "-A",
+            "physics",
+            "--gpus",
+            "h100:1",
+            "--time",
+            "00:01:00",
+        ]
+        done = box.run([*submit, "--format", "json"], user="alice", input="#!/bin/sh\nsleep 1\n")
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        job_id = json.loads(done.stdout)["job_id"]
+        shown = _ok(box, ["scontrol", "show", "job", str(job_id)])
+        assert re.search(r"\bUserId=alice\(", shown), shown
+        signed = box.inside("/var/log/gpucredit/submitter.log").read_text()
+        assert "token for alice" in signed
+        listed = json.loads(_ok(box, ["gpucredit", "job", "list", "--format", "json"], user="alice"))
+        assert job_id in [job["job_id"] for job in listed["items"]], listed
+    finally:
+        if not was_up:
+            box.down()
+
+
 def _ok(box: ChrootBox, argv: list[str], user: str | None = None) -> str:
     proc = box.run(argv, user=user)
     assert proc.returncode == 0, (argv, proc.stderr)
