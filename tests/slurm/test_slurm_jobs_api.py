@@ -304,7 +304,10 @@ def test_a_job_runs_in_its_container_and_costs_exactly_its_seconds(
     runc in alice's busybox bundle (slurmbox/containers.py), whose hostname is runc's and
     whose / holds only the bundle's rootfs. Held and charged like any job."""
     if not isinstance(cluster.box, SlurmBox):
-        pytest.skip("the chroot boxes' roots have no runc: containers run on the host's 22.05 box")
+        pytest.skip(
+            "rootless runc needs a user namespace, which the kernel refuses a chrooted process "
+            "(docs/slurm-facts.md §16): containers run on the host's 22.05 box"
+        )
     account = cluster.new_account("10")
     client = portal.test_client()
     body = {
