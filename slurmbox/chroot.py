@@ -16,10 +16,12 @@ Process model: as the host box's, every daemon is a child of one supervisor
 (`python -m slurmbox _supervise-chroot VERSION FD`), a child subreaper. The supervisor
 first moves into a private mount namespace and mounts /proc, /sys, /dev and a fresh
 /run into the root (rootfs.private_mounts): nothing is ever mounted in the host's
-namespace, and the mounts vanish when the box's last process ends. Daemons and
-commands are chrooted into the root; `run` enters the supervisor's namespace
-(setns) before its chroot. The supervisor then installs gpucredit into the root's
-venv (when the checkout changed), writes the configs, hooks and job_submit.lua
+namespace, and the mounts vanish when the box's last process ends. The root is
+mounted over the namespace's `/`, so daemons and commands enter the namespace (setns)
+and have the root as their `/` with no chroot (a chrooted process gets no user
+namespace, which rootless runc needs); the supervisor itself keeps the host's view.
+The supervisor then installs gpucredit into the root's venv (when the checkout
+changed), writes the configs, hooks and job_submit.lua
 (`gpucredit slurm install`'s code, run by the root's python), starts munged,
 slurmdbd, slurmctld and three slurmd, and at last gpucredit's side as `make
 slurm-up` does on the host (slurmbox.gpucredit_site, run inside the root). SIGTERM
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import json
 import os
 import re
@@ -52,10 +55,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_hooks.admin import slurmconf
-from slurmbox import rootfs
+from slurmbox import containers, rootfs
 from slurmbox.box import (
     _DETACHED,
     ACCOUNTS,
+    BUNDLE_DIR,
     CONF_DIR,
     CPUS_PER_NODE,
     DB_PASSWORD,
@@ -154,15 +158,19 @@ DAEMONS = _daemons()
 
 
 def _enter(namespace_pid: int | None, root: str, cwd: str) -> None:
-    """In a child (or before exec): join the box's mount namespace, chroot, chdir."""
-    if namespace_pid is not None:
-        fd = os.open(f"/proc/{namespace_pid}/ns/mnt", os.O_RDONLY)
-        try:
-            if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the box's mount namespace")
-        finally:
-            os.close(fd)
-    os.chroot(root)
+    """In a child (or before exec): join the box's mount namespace (the supervisor's, or
+    this process's own when None), whose `/` is the box's root (rootfs.private_mounts):
+    setns makes it this process's root, no chroot; then chdir."""
+    want = os.stat(root)
+    fd = os.open(f"/proc/{namespace_pid or 'self'}/ns/mnt", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the box's mount namespace")
+    finally:
+        os.close(fd)
+    got = os.stat("/")
+    if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):  # a box started before roots were mounted so
+        raise OSError(f"the box's / is not {root}: restart the box (make slurm-down slurm-up)")
     try:
         os.chdir(cwd)
     except OSError:
@@ -538,7 +546,7 @@ class ChrootBox(BoxCommands):
                 "#!/bin/sh\n"
                 f"# Slurm {self.version.name}'s {name}, in its box (slurmbox.chroot.ChrootBox.client_dir)\n"
                 f"pid=$(cat {pid_file} 2>/dev/null) || {down}\n"
-                f'exec /usr/bin/nsenter -t "$pid" -m /usr/sbin/chroot {self.root} /usr/bin/{name} "$@"\n',
+                f'exec /usr/bin/nsenter -t "$pid" -m /usr/bin/{name} "$@"\n',  # its / is the root
                 0o755,
             )
         return str(bin_dir)
@@ -740,6 +748,12 @@ class _Supervisor:
         for user in USERS:
             if not self.cok(["/usr/bin/getent", "passwd", user]):
                 self.crun(["/usr/sbin/useradd", "-m", "-s", "/bin/bash", user])
+
+        def in_box(argv: list[str]) -> None:
+            self.crun(argv)
+
+        ids = functools.partial(_passwd_ids, self.root)  # the root's own users
+        self.log(containers.prepare(Path(ETC_DIR), BUNDLE_DIR, USERS, root=self.root, ids=ids, run=in_box))
         if box.has_rest:
             if not self.cok(["/usr/bin/getent", "passwd", "slurmrestd"]):
                 self.crun(["/usr/sbin/useradd", "-r", "-M", "-s", "/usr/sbin/nologin", "slurmrestd"])

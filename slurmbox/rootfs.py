@@ -68,6 +68,8 @@ PACKAGES = (
     "python3-venv",
     "ca-certificates",
     "procps",
+    "runc",  # containers (slurmbox/containers.py): rootless runc and a busybox bundle
+    "busybox-static",
 )
 # Installed when the suite has them (later issues need slurmrestd with auth/jwt).
 OPTIONAL_PACKAGES = ("slurmrestd", "slurm-wlm-jwt-plugin")
@@ -97,6 +99,7 @@ _PACKAGE_DIRS = (
 HARNESS = f"{_GPUCREDIT_DIR}/harness"
 _CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 _CLONE_NEWNS = 0x00020000
+_MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
 
@@ -281,9 +284,15 @@ def _install_optional(root: Path, log: Path) -> None:
 
 
 def private_mounts(root: Path) -> None:
-    """Move this process into its own mount namespace and mount /proc, /sys, /dev and a
-    fresh /run into `root`. The mounts are seen only by this process, its children and
-    whoever enters the namespace (`/proc/PID/ns/mnt`); they vanish with the last of them."""
+    """Move this process into its own mount namespace, mount /proc, /sys, /dev and a fresh
+    /run into `root`, and `root` (with those) over the namespace's `/`. The mounts are
+    seen only by this process, its children and whoever enters the namespace
+    (`/proc/PID/ns/mnt`); they vanish with the last of them.
+
+    This process keeps the host's view (a process's root is not moved by a mount over
+    it); one that enters the namespace (setns) gets `root` as its `/`, and that root is
+    the namespace's own, not a chroot's: the kernel gives a user namespace (rootless
+    runc's, for `sbatch --container`) to no chrooted process."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(_CLONE_NEWNS) != 0:
         raise RootfsError(f"unshare(CLONE_NEWNS): errno {ctypes.get_errno()} (needs root)")
@@ -299,6 +308,8 @@ def private_mounts(root: Path) -> None:
         if proc.returncode != 0:
             raise RootfsError(f"{' '.join(argv)}: {proc.stderr.strip()}")
     (root / "run/lock").mkdir(mode=0o1777, exist_ok=True)
+    if libc.mount(str(root).encode(), b"/", None, _MS_BIND | _MS_REC, None) != 0:
+        raise RootfsError(f"mount --rbind {root} /: errno {ctypes.get_errno()}")
     # Names and TLS as on the host: `localhost` for Slurm, the resolver and the CA bundle
     # the host's pip trusts (a site proxy's CA may be in it) for pip inside the root.
     for name in ("hosts", "resolv.conf"):
