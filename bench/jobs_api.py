@@ -9,13 +9,13 @@ Needs root and the box (`make slurm-up [SLURM=26.05]`); run it under the box's l
 The portal is the real app on the box's ledger, served in this process (Flask's test
 client: no HTTP server in the figure), wired to Slurm as tests/slurm/test_slurm_jobs_api.py
 wires it: on 22.05 the real submitter on a Unix socket, on 24.11 and 26.05 the box's
-slurmrestd with a token signed for alice. The two submit arms take turns (ABBA): the API
-arm is the whole path (the request's checks, the submitter's peer check and its runuser
-checks or the token and slurmrestd's HTTP, sbatch's work through job_submit.lua); the
-sbatch arm runs the very argv the submitter builds for that spec
-(`portal.jobs.submitter.sbatch_argv`), the script on stdin; in a chroot box it is timed
-inside the box, around sbatch alone (`date +%s%N` before and after: two forks of `date`
-counted against sbatch). Every job is cancelled at the end.
+slurmrestd with a token the submitter (on a Unix socket too) signs for alice. The two
+submit arms take turns (ABBA): the API arm is the whole path (the request's checks, the
+submitter's peer check and its runuser checks or its token and slurmrestd's HTTP,
+sbatch's work through job_submit.lua); the sbatch arm runs the very argv the submitter
+builds for that spec (`portal.jobs.submitter.sbatch_argv`), the script on stdin; in a
+chroot box it is timed inside the box, around sbatch alone (`date +%s%N` before and
+after: two forks of `date` counted against sbatch). Every job is cancelled at the end.
 
 The list is read from a fresh account holding `--jobs` held jobs (submitted by sbatch,
 so nothing runs), the first page (50) and a state filter each timed `--reads` times.
@@ -88,21 +88,26 @@ class Bench:
         self.jobs: list[str] = []
 
     def _backend(self, box: SlurmBox | ChrootBox, workdir: Path) -> JobBackend:
-        if isinstance(box, ChrootBox):
+        if isinstance(box, ChrootBox):  # the submitter signs alice's tokens, as a site runs it
             if box.rest_url is None:
                 raise SystemExit(f"the Slurm {box.version.name} box's root has no slurmrestd")
-            return RestBackend(box.rest_url, str(box.inside(JWT_KEY)), box.client_dir(), passwd=box.passwd)
+            signer = self._submitter(workdir, Submitter(jwt_key=str(box.inside(JWT_KEY))))
+            return RestBackend(box.rest_url, None, box.client_dir(), passwd=box.passwd, signer=signer)
+        return SubmitterBackend(self._submitter(workdir, Submitter(bin_dir="/usr/bin")), "/usr/bin")
+
+    def _submitter(self, workdir: Path, submitter: Submitter) -> str:
+        """The root submitter on a Unix socket in this process, for this uid; its path."""
         socket_path = str(workdir / "submitter.sock")
         ready = threading.Event()
         threading.Thread(
             target=serve,
-            args=(socket_path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
+            args=(socket_path, os.getuid(), submitter),
             kwargs={"ready": ready, "stop": self.stop},
             daemon=True,
         ).start()
         if not ready.wait(10):
             raise SystemExit("the submitter did not start")
-        return SubmitterBackend(socket_path, "/usr/bin")
+        return socket_path
 
     def spec(self) -> dict[str, Any]:
         return {"account": self.account, "script": SCRIPT, "gpus": "h100:1", "time_limit": "00:01:00"}
