@@ -209,8 +209,20 @@ def submitter_group() -> None:
     default=None,
     help="Sign users' tokens for slurmrestd with this key (Slurm 24.11 and later); root alone reads it.",
 )
+@click.option(
+    "--slurm-user",
+    default="slurm",
+    show_default=True,
+    help="slurm.conf's SlurmUser: never given a token, whatever its uid.",
+)
 def submitter_serve(
-    socket_path: str, allow_uid: int, min_uid: int, max_uid: int, bin_dir: str | None, jwt_key: str | None
+    socket_path: str,
+    allow_uid: int,
+    min_uid: int,
+    max_uid: int,
+    bin_dir: str | None,
+    jwt_key: str | None,
+    slurm_user: str,
 ) -> None:
     """Serve the submitter on a Unix socket (run as root; docs/admin-guide.md)."""
     import logging
@@ -221,5 +233,7 @@ def submitter_serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     bin_dir = bin_dir or str(load_config()["slurm"].get("bin_dir", "/usr/bin"))
     serve(
-        socket_path, allow_uid, Submitter(min_uid=min_uid, max_uid=max_uid, bin_dir=bin_dir, jwt_key=jwt_key)
+        socket_path,
+        allow_uid,
+        Submitter(min_uid=min_uid, max_uid=max_uid, bin_dir=bin_dir, jwt_key=jwt_key, slurm_user=slurm_user),
     )

@@ -74,6 +74,7 @@ from slurmbox.box import (
     BoxError,
     _alive,
     _checked,
+    _children,
     _cmdline,
     _ok,
     _read_json,
@@ -530,6 +531,11 @@ class ChrootBox(BoxCommands):
             )
         except BoxError as e:
             raise BoxError(f"{e} in the {self.version.name} box") from e
+        except subprocess.SubprocessError as e:  # _enter failed in the child: Python keeps its words
+            raise BoxError(
+                f"cannot enter the {self.version.name} box ({e}): its / must be its root; a box started "
+                f"before that must be restarted (make slurm-down slurm-up SLURM={self.version.name})"
+            ) from e
         return _checked(proc, argv) if check else proc
 
     def client_dir(self) -> str:
@@ -957,6 +963,11 @@ class _Supervisor:
             self.reap()
         munged = self.pids.get("munged")
         self.stopped("the rest", [p for p in _processes_in(self.root) if p != munged])
+        self.reap()
+        # A container's processes have its bundle as their root, not the box's; left
+        # without their runc they are this subreaper's children (busybox as pid 1 of its
+        # namespace ignores SIGTERM: SIGKILL after the grace).
+        self.stopped("orphans", [p for p in _children(os.getpid()) if p != munged and _alive(p)], grace_s=2)
         self.reap()
         _drop_database(self.box.version)
         if munged:

@@ -177,7 +177,7 @@ class RestBackend(CommandReader):
         submitter at the socket `signer` (which alone reads the key)."""
         super().__init__(bin_dir, run)
         if (key_path is None) == (signer is None):
-            raise ValueError("give the JWT key's path or the signing submitter's socket, not both")
+            raise ValueError("give the JWT key's path or the signing submitter's socket: one of them")
         self.url = url.rstrip("/")
         self.key_path = key_path
         self.signer = signer
@@ -219,6 +219,8 @@ class RestBackend(CommandReader):
             answer = ask(socket_path, {"op": "token", "user": user}, timeout=SIGNER_TIMEOUT)
         except (OSError, ValueError) as error:
             raise SlurmUnavailable(f"the submitter at {socket_path} did not answer: {error}") from None
+        if not isinstance(answer, dict):
+            raise SlurmUnavailable(f"the submitter at {socket_path} answered {answer!r}")
         token = answer.get("token")
         if answer.get("ok") and isinstance(token, str):
             return token

@@ -227,12 +227,14 @@ class Submitter:
         bin_dir: str = "/usr/bin",
         run: Runner = subprocess.run,
         jwt_key: str | None = None,
+        slurm_user: str = "slurm",
     ) -> None:
         self.min_uid = min_uid
         self.max_uid = max_uid
         self.bin_dir = bin_dir
         self.run = run
         self.jwt_key = jwt_key
+        self.slurm_user = slurm_user  # slurm.conf's SlurmUser: may act as anyone through slurmrestd
 
     def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -252,6 +254,8 @@ class Submitter:
         """A token slurmrestd takes as `user`'s, for TOKEN_SECONDS: the key stays here."""
         if self.jwt_key is None:
             raise BadRequest("op", "this submitter signs no tokens (serve it with --jwt-key)")
+        if user.pw_name == self.slurm_user:  # whatever its uid: a site's may be in the range
+            raise BadRequest("user", f"{user.pw_name} is SlurmUser: no token for it")
         try:
             with open(self.jwt_key, "rb") as key:  # read each time: a rotated key is used at once
                 token = user_token(key.read(), user.pw_name, time.time())

@@ -24,6 +24,7 @@ from ledger.jobs.retries import RetryPolicy
 from portal.auth import Forbidden
 from portal.jobs.backend import JobSpec, SlurmUnavailable, Submitted
 from portal.jobs.rest import RefusedBySlurm, RestBackend, job_description, memory_mib
+from portal.jobs.service import backend_of
 from portal.jobs.submitter import Submitter, serve, user_token
 from portal.store import transaction
 from tests.support.fake_slurmrestd import FakeSlurmrestd, recorded, serving, token_user
@@ -142,7 +143,7 @@ def test_with_the_submitter_signing_the_portal_acts_as_the_user_without_the_key(
         dead = RestBackend(fake.url, None, passwd=passwd, signer=signer + ".gone")
         with pytest.raises(SlurmUnavailable, match=r"the submitter at .*\.gone did not answer"):
             dead.submit("alice", SPEC)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="one of them"):
         RestBackend("http://127.0.0.1:1", "/etc/slurm/jwt_hs256.key", signer=signer)
 
 
@@ -280,3 +281,17 @@ def test_a_job_over_a_cap_on_its_own_is_refused_through_slurmrestd_with_429_nami
     other = {**body, "account": "chemistry"}
     fine = client.post("/api/v1/jobs", json=other, headers=bearer(site.tokens["carol"]))
     assert (fine.status_code, fine.get_json()["error"]["code"]) == (422, "slurm_refused")
+
+
+def test_the_config_says_who_signs_the_submitter_unless_the_portal_is_given_the_key(app: Flask) -> None:
+    portal = app.config["GPUCREDIT"]["portal"]
+    portal.update({"jobs_backend": "slurmrestd", "slurmrestd_url": "http://127.0.0.1:6820"})
+    app.extensions.pop("gpucredit.jobs_backend", None)
+    backend = backend_of(app)
+    assert isinstance(backend, RestBackend)
+    assert (backend.key_path, backend.signer) == (None, "/run/gpucredit/submitter.sock")
+    portal["jwt_key"] = "/etc/slurm/jwt_hs256.key"
+    app.extensions.pop("gpucredit.jobs_backend", None)
+    backend = backend_of(app)
+    assert isinstance(backend, RestBackend)
+    assert (backend.key_path, backend.signer) == ("/etc/slurm/jwt_hs256.key", None)

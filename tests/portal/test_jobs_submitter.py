@@ -263,3 +263,17 @@ def test_without_a_key_it_signs_nothing(own_socket: str) -> None:
         "field": "op",
         "message": "this submitter signs no tokens (serve it with --jwt-key)",
     }
+
+
+@pytest.mark.usefixtures("alice")
+def test_it_signs_no_token_for_slurmuser_whatever_its_uid(tmp_path: Path) -> None:
+    """SlurmUser may act as anyone through slurmrestd; a site's may have a uid in the range."""
+    key = tmp_path / "jwt_hs256.key"
+    key.write_bytes(KEY)
+    submitter = Submitter(jwt_key=str(key), slurm_user="alice")  # alice stands for it here
+    assert submitter.answer({"op": "token", "user": "alice"}) == {
+        "ok": False,
+        "error": "invalid_input",
+        "field": "user",
+        "message": "alice is SlurmUser: no token for it",
+    }
