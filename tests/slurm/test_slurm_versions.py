@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from slurm_hooks.admin import slurmconf
 from slurmbox import SlurmBox, rootfs, versions
 from slurmbox.__main__ import _options, main
 from slurmbox.chroot import JWT_KEY, ChrootBox
+from tests.support.version_box import WANTED, running_box
 
 CHROOT_VERSIONS = [v for v in versions.VERSIONS.values() if v.chroot]
 
@@ -158,7 +159,10 @@ def test_an_unknown_version_on_the_command_line(capsys: pytest.CaptureFixture[st
 # --------------------------------------------------------------------------- end to end (opt-in)
 
 
-WANTED = os.environ.get("GPUCREDIT_BOX_VERSIONS", "").split()
+@pytest.fixture(params=WANTED or ["24.11"])
+def version_box(request: pytest.FixtureRequest) -> Iterator[ChrootBox]:
+    with running_box(request.param) as box:
+        yield box
 
 
 def _holds(box: ChrootBox) -> list[dict[str, str]]:
@@ -168,91 +172,67 @@ def _holds(box: ChrootBox) -> list[dict[str, str]]:
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", WANTED or ["24.11"])
-def test_a_gpu_job_is_quoted_held_and_settled_in_the_version_box(name: str) -> None:
-    if name not in WANTED:
-        pytest.skip("set GPUCREDIT_BOX_VERSIONS='24.11 26.05' to run Slurm in their chroot boxes")
-    box = ChrootBox(versions.get(name))
-    reason = box.cannot_start_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
-    was_up = box.is_up()
-    box.up()
-    try:
-        assert box.run(["gpucredit", "topup", "physics", "100"]).returncode == 0
-        before = {h["id"] for h in _holds(box)}  # the ledger outlives the box, and job ids repeat
-        submit = [
-            "sbatch",
-            "--parsable",
-            "-A",
-            "physics",
-            "--gres=gpu:h100:1",
-            "-t",
-            "10",
-            "--wrap",
-            "sleep 3",
-        ]
-        sbatch = box.run(submit, user="alice")
-        assert sbatch.returncode == 0, sbatch.stderr
-        assert "gpucredit: ~0.60 credits (1×h100 × 10 min)" in sbatch.stderr
-        job_id = sbatch.stdout.strip()
-        deadline = time.monotonic() + 60
-        new: list[dict[str, str]] = []
-        while time.monotonic() < deadline:
-            new = [h for h in _holds(box) if h["job_id"] == job_id and h["id"] not in before]
-            if new and new[0]["state"] == "settled":
-                break
-            time.sleep(0.5)
-        assert [(h["gpus"], h["amount"], h["state"]) for h in new] == [("h100:1", "0.60", "settled")]
-        _held_for_credit_then_released_by_a_top_up(box)
-    finally:
-        if not was_up:
-            box.down()
+def test_a_gpu_job_is_quoted_held_and_settled_in_the_version_box(version_box: ChrootBox) -> None:
+    box = version_box
+    assert box.run(["gpucredit", "topup", "physics", "100"]).returncode == 0
+    before = {h["id"] for h in _holds(box)}  # the ledger outlives the box, and job ids repeat
+    submit = [
+        "sbatch",
+        "--parsable",
+        "-A",
+        "physics",
+        "--gres=gpu:h100:1",
+        "-t",
+        "10",
+        "--wrap",
+        "sleep 3",
+    ]
+    sbatch = box.run(submit, user="alice")
+    assert sbatch.returncode == 0, sbatch.stderr
+    assert "gpucredit: ~0.60 credits (1×h100 × 10 min)" in sbatch.stderr
+    job_id = sbatch.stdout.strip()
+    deadline = time.monotonic() + 60
+    new: list[dict[str, str]] = []
+    while time.monotonic() < deadline:
+        new = [h for h in _holds(box) if h["job_id"] == job_id and h["id"] not in before]
+        if new and new[0]["state"] == "settled":
+            break
+        time.sleep(0.5)
+    assert [(h["gpus"], h["amount"], h["state"]) for h in new] == [("h100:1", "0.60", "settled")]
+    _held_for_credit_then_released_by_a_top_up(box)
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", WANTED or ["24.11"])
 def test_on_a_login_node_alice_submits_through_the_boxs_portal_whose_tokens_the_submitter_signs(
-    name: str,
+    version_box: ChrootBox,
 ) -> None:
     """The box as `make slurm-up SLURM=V` leaves it: `gpucredit job submit` as alice (MUNGE,
     no token) reaches the box's portal, which gets alice's token from the root submitter
     (the portal's config names no key) and submits through slurmrestd: the job is alice's."""
-    if name not in WANTED:
-        pytest.skip("set GPUCREDIT_BOX_VERSIONS='24.11 26.05' to run Slurm in their chroot boxes")
-    box = ChrootBox(versions.get(name))
-    reason = box.cannot_start_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
-    was_up = box.is_up()
-    box.up()
-    try:
-        _ok(box, ["gpucredit", "topup", "physics", "10"])
-        assert "jwt_key" not in box.inside("/etc/gpucredit/gpucredit.toml").read_text()
-        submit = [
-            "gpucredit",
-            "job",
-            "submit",
-            "-",
-            "-A",
-            "physics",
-            "--gpus",
-            "h100:1",
-            "--time",
-            "00:01:00",
-        ]
-        done = box.run([*submit, "--format", "json"], user="alice", input="#!/bin/sh\nsleep 1\n")
-        assert done.returncode == 0, (done.stdout, done.stderr)
-        job_id = json.loads(done.stdout)["job_id"]
-        shown = _ok(box, ["scontrol", "show", "job", str(job_id)])
-        assert re.search(r"\bUserId=alice\(", shown), shown
-        signed = box.inside("/var/log/gpucredit/submitter.log").read_text()
-        assert "token for alice" in signed
-        listed = json.loads(_ok(box, ["gpucredit", "job", "list", "--format", "json"], user="alice"))
-        assert job_id in [job["job_id"] for job in listed["items"]], listed
-    finally:
-        if not was_up:
-            box.down()
+    box = version_box
+    _ok(box, ["gpucredit", "topup", "physics", "10"])
+    assert "jwt_key" not in box.inside("/etc/gpucredit/gpucredit.toml").read_text()
+    submit = [
+        "gpucredit",
+        "job",
+        "submit",
+        "-",
+        "-A",
+        "physics",
+        "--gpus",
+        "h100:1",
+        "--time",
+        "00:01:00",
+    ]
+    done = box.run([*submit, "--format", "json"], user="alice", input="#!/bin/sh\nsleep 1\n")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    job_id = json.loads(done.stdout)["job_id"]
+    shown = _ok(box, ["scontrol", "show", "job", str(job_id)])
+    assert re.search(r"\bUserId=alice\(", shown), shown
+    signed = box.inside("/var/log/gpucredit/submitter.log").read_text()
+    assert "token for alice" in signed
+    listed = json.loads(_ok(box, ["gpucredit", "job", "list", "--format", "json"], user="alice"))
+    assert job_id in [job["job_id"] for job in listed["items"]], listed
 
 
 def _ok(box: ChrootBox, argv: list[str], user: str | None = None) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,12 +32,11 @@ import pytest
 
 from accounting_bridge.sync.fairshare_sync import SSHARE_ARGV, read_sshare
 from ledger.money import charge_for, format_credits
-from slurmbox import versions
 from slurmbox.chroot import ChrootBox
+from tests.support.version_box import WANTED, running_box
 
 pytestmark = pytest.mark.slurm
 
-WANTED = os.environ.get("GPUCREDIT_BOX_VERSIONS", "").split()
 HOOK_LOG = "/var/log/gpucredit/hooks.log"
 PRICE_PER_HOUR = {"a100": 2_000_000, "h100": 3_600_000}  # the box's demo prices, micro-credits
 
@@ -120,20 +118,8 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
 
 @pytest.fixture(scope="module", params=WANTED or ["24.11"])
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
-    name = request.param
-    if name not in WANTED:
-        pytest.skip("set GPUCREDIT_BOX_VERSIONS='24.11 26.05' to run Slurm in their chroot boxes")
-    box = ChrootBox(versions.get(name))
-    reason = box.cannot_start_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
-    was_up = box.is_up()
-    box.up()
-    try:
+    with running_box(request.param) as box:
         yield Site(box)
-    finally:
-        if not was_up:
-            box.down()
 
 
 def _charge(gpus: dict[str, int], seconds: int) -> str:
