@@ -2,10 +2,11 @@
 requeued after a backoff, and a node failure it names is counted and waits its backoff
 (ledger.jobs.retries holds the policies and the rule; docs/api.md, "Retries").
 
-Every tick the daemon lists the jobs slurmctld holds as FAILED or PENDING (`squeue --Format`,
-no free text asked: MinJobAge keeps a finished job there, 300 s by default), reads the
-policies of those jobs in one query, and for each covered exit code with retries left
-records the retry (keyed by the failed run, so it is decided once), commits, and runs
+Every tick the daemon lists the jobs slurmctld holds as FAILED, and PENDING while some
+policy names node_fail (`squeue --Format`, no free text asked: MinJobAge keeps a finished
+job there, 300 s by default), reads the policies of those jobs in one query, and for
+each covered exit code with retries left records the retry (keyed by the failed run, so
+it is decided once), commits, and runs
 
     scontrol requeuehold N                          (scontrol requeue N: no backoff)
     scontrol update JobId=N StartTime=now+BACKOFF
