@@ -77,6 +77,7 @@ def submit(
             request.directives.get("max_cost"),
             _yes_no(request.directives.get("cloud")),
             names_cloud=routing.names_cloud(named),
+            region=request.directives.get("region"),
         )
         if limit is None:
             not_offered = _not_offered(request, partition_types, snapshot.prices.gpu_types())

@@ -36,6 +36,7 @@ ALLOW_CLOUD = "add gpucredit:cloud=yes to --comment"
 # Why a partition was left out, by the ledger's verdict (ledger/pricing/routing.py).
 LEFT_OUT = {
     "cloud_not_allowed": "cloud not allowed",
+    "other_region": "not the job's region",
     "over_limit": "over the limit",
     "over_cloud_budget": "over the account's cloud budget",
     "over_credit": "more than is available",
@@ -128,7 +129,7 @@ def _options(
         estimate = snapshot.estimate(
             request.account, gpus, seconds, user=job.user, partition=name, at=now, tasks=job.array_tasks
         )
-        options.append(PartitionOption(name, config.site(name), estimate))
+        options.append(PartitionOption(name, config.site(name), estimate, config.region(name)))
         texts[name] = job_text(gpus, seconds, job.array_tasks)
     if not options:
         assert skipped is not None
@@ -183,7 +184,13 @@ def _left_out_reason(option: PartitionOption, decision: Route) -> str:
     verdict = decision.verdict(option)
     if verdict == "over_cap" and option.estimate.limit_breach is not None:
         return option.estimate.limit_breach.code
+    if verdict == "other_region":
+        return f"{_region_of(option)}, not {decision.limit.region}"
     return LEFT_OUT.get(verdict, verdict)
+
+
+def _region_of(option: PartitionOption) -> str:
+    return f"in {option.region}" if option.region else "no region"
 
 
 def _limit_source(limit: CostLimit, account: str) -> str:
@@ -207,6 +214,8 @@ def _comment(decision: Route, request: JobRequest, held: Held | None) -> str:
         terms.append(f"limit {format_credits(limit.max_cost_ucredits)} a run")
     if limit.allow_cloud:
         terms.append("cloud allowed")
+    if limit.region is not None:
+        terms.append(f"region {limit.region}")
     reasons = ", ".join(
         f"{_where(o)} {_run_cost(o)} "
         + ("allowed" if decision.verdict(o) == "allowed" else _left_out_reason(o, decision))
@@ -229,6 +238,12 @@ def _refusal(
     what = f"{texts[refused_at.partition]} in {_where(refused_at)}{notes[refused_at.partition]}"
     if verdict == "cloud_not_allowed":
         message = f"this job can only run in the cloud ({what}, {_run_cost(refused_at)}); {ALLOW_CLOUD}"
+    elif verdict == "other_region":
+        message = (
+            f"this job can only run in the cloud, and {_where(refused_at)} is {_region_of(refused_at)}, "
+            f"not the job's region {decision.limit.region}: "
+            "name a partition in that region, or change gpucredit:region in --comment"
+        )
     elif verdict == "over_limit":
         limit = decision.limit
         assert limit.max_cost_ucredits is not None

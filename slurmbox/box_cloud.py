@@ -1,7 +1,8 @@
-"""The box's cloud: one State=CLOUD node, `cloud1`, in partition `burst`, powered up and
-down by Slurm through `gpucredit cloud resume|suspend|resume-fail`, against moto's EC2
-server on 127.0.0.1 (the provider), and "booted" by `cloud_boot` (its slurmd started
-once its instance has run BOOT_DELAY_SECONDS).
+"""The box's cloud: one State=CLOUD node, `cloud1`, in partition `burst` (region
+us-west-2, beside the always-on `cloud` partition's us-east-1), powered up and down by
+Slurm through `gpucredit cloud resume|suspend|resume-fail`, against moto's EC2 server on
+127.0.0.1 (the provider), and "booted" by `cloud_boot` (its slurmd started once its
+instance has run BOOT_DELAY_SECONDS).
 
 Opt-in while it is new: `GPUCREDIT_BOX_CLOUD=1 make slurm-up` (SlurmBox.cloud). Without
 it the box is exactly as before; tests/slurm/test_slurm_cloud.py skips, saying so.
@@ -30,7 +31,9 @@ ENDPOINT = f"http://127.0.0.1:{MOTO_PORT}"
 BOOT_DELAY_SECONDS = 2
 SUSPEND_TIME_SECONDS = 15
 RESUME_TIMEOUT_SECONDS = 60
-PRICE_UCREDITS_PER_HOUR = 98_320_000  # p5.48xlarge
+PRICE_UCREDITS_PER_HOUR = 98_320_000  # p5.48xlarge, in the site's region
+REGION = "us-west-2"  # cloud1's
+REGION_PRICE_UCREDITS_PER_HOUR = 90_000_000  # p5.48xlarge there
 CONFIG = Path("/etc/gpucredit/box-cloud.toml")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto's: not secrets
 # slurmctld gives its power-saving programs none of its environment: the shims name this file.
@@ -57,6 +60,10 @@ resume_timeout_seconds = {RESUME_TIMEOUT_SECONDS}
 h100 = "p5.48xlarge"
 [cloud.prices_ucredits_per_hour]
 "p5.48xlarge" = {PRICE_UCREDITS_PER_HOUR}
+[cloud.regions.{REGION}]
+nodes = "cloud1"
+[cloud.regions.{REGION}.prices_ucredits_per_hour]
+"p5.48xlarge" = {REGION_PRICE_UCREDITS_PER_HOUR}
 """
 
 

@@ -52,16 +52,20 @@ PORTAL_PID_FILE = Path("/run/gpucredit/portal.pid")
 SUBMITTER_PID_FILE = Path("/run/gpucredit/submitter.pid")
 SUBMITTER_SOCKET = Path("/run/gpucredit/submitter.sock")
 DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
-DEMO_CLOUD_PRICES = {"a100": "3.00", "h100": "5.40"}  # in the cloud partitions (docs/routing.md)
-# The box's sites: `--comment=gpucredit:cloud=yes` may take `cloud` (node3) or, when the
-# box runs its cloud, `burst` (cloud1, launched on demand), once on-premise has had 5 s.
+# In the cloud partitions (docs/routing.md): each region its own prices.
+DEMO_CLOUD_PRICES = {"cloud": {"a100": "3.00", "h100": "5.40"}, "burst": {"a100": "2.80", "h100": "4.80"}}
+# The box's sites: `--comment=gpucredit:cloud=yes` may take `cloud` (node3, us-east-1) or,
+# when the box runs its cloud, `burst` (cloud1, launched on demand in us-west-2), once
+# on-premise has had 5 s; `gpucredit:region=us-west-2` keeps the job to `burst`.
 ROUTING_TEXT = """
 [partitions.onprem]
 site = "onprem"
 [partitions.cloud]
 site = "cloud"
+region = "us-east-1"
 [partitions.burst]
 site = "cloud"
+region = "us-west-2"
 
 [routing]
 burst_after_seconds = 5
@@ -141,8 +145,8 @@ def up(*, portal: bool = False, portal_port: int = PORTAL_PORT, slurmrestd: str 
     if gpucredit("price", "list", "--format", "csv").count("\n") <= 1:
         for gres, price in DEMO_PRICES.items():
             gpucredit("price", "set", gres, price)
-        for partition in ("cloud", "burst"):
-            for gres, price in DEMO_CLOUD_PRICES.items():
+        for partition, prices in DEMO_CLOUD_PRICES.items():
+            for gres, price in prices.items():
                 gpucredit("price", "set", gres, price, "--partition", partition)
     gpucredit("slurm", "install", "--config", str(CONFIG))
     for pid_file, daemon_socket, log in _DAEMONS:

@@ -123,7 +123,11 @@ COMMENT_PREFIX = "gpucredit: "
 MAX_COMMENT_CHARS = 240
 # What a user writes into a job's comment to steer gpucredit: gpucredit:max_cost=25,cloud=yes
 COMMENT_DIRECTIVE = "gpucredit:"
-_DIRECTIVE_VALUES = {"max_cost": r"[0-9]{1,13}(?:\.[0-9]{1,6})?", "cloud": r"yes|no"}
+_DIRECTIVE_VALUES = {
+    "max_cost": r"[0-9]{1,13}(?:\.[0-9]{1,6})?",
+    "cloud": r"yes|no",
+    "region": r"[a-z][a-z0-9-]{0,31}",  # the cloud region the job prefers (docs/routing.md)
+}
 _DIRECTIVE_WORD = r"(?<!\S)" + re.escape(COMMENT_DIRECTIVE) + r"(\S+)"
 
 _RANGE = r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?"

@@ -19,6 +19,11 @@
     "p5.48xlarge" = 98_320_000               #   micro-credits (98.32 credits)
     [cloud.tags]                             # added to every instance launched
     Project = "gpucredit"
+    [cloud.regions."us-west-2"]              # nodes launched in another region than `region`
+    nodes = "cloud[5-8]"                     # (each also in a [cloud.nodes] hostlist)
+    image_id = "ami-0fedcba9876543210"       # AMIs are per region; default: cloud.image_id
+    [cloud.regions."us-west-2".prices_ucredits_per_hour]   # optional: what differs there
+    "p5.48xlarge" = 110_000_000
 
 A bad value (a float price, an unknown GPU type, a node in two hostlists) raises
 CloudConfigError naming the key: a misconfigured cloud never launches.
@@ -59,6 +64,20 @@ class CloudConfig:
     terminate_attempts: int = 8
     terminate_backoff_seconds: float = 1.0
     user_data: str | None = None  # @node@ stands for the node's name
+    node_regions: Mapping[str, str] = field(default_factory=dict)  # nodes outside `region`
+    region_images: Mapping[str, str] = field(default_factory=dict)  # region -> its image, if not image_id
+    region_prices: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # region -> type -> price
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """Every region this site launches in: `region` first."""
+        return (self.region, *sorted(set(self.node_regions.values()) - {self.region}))
+
+    def region_of(self, node: str) -> str:
+        return self.node_regions.get(node, self.region)
+
+    def image_of(self, region: str) -> str:
+        return self.region_images.get(region, self.image_id)
 
     def instance_type_of(self, node: str) -> str:
         """The instance type node `node` is launched as; CloudConfigError when none."""
@@ -67,10 +86,12 @@ class CloudConfig:
             raise CloudConfigError(f"cloud.nodes: node {node} is in no hostlist (its GPU type)")
         return self.instance_types[gpu_type]  # load_cloud_config checked each has one
 
-    def price_of(self, instance_type: str) -> int | None:
-        """Micro-credits an hour of `instance_type`, or None when this site has no price
-        for it (an instance someone else launched as another type)."""
-        return self.prices_ucredits_per_hour.get(instance_type)
+    def price_of(self, instance_type: str, region: str | None = None) -> int | None:
+        """Micro-credits an hour of `instance_type` in `region` (its own price there, else
+        the site's), or None when this site has no price for it (an instance someone else
+        launched as another type)."""
+        own = self.region_prices.get(region or self.region, {})
+        return own.get(instance_type, self.prices_ucredits_per_hour.get(instance_type))
 
 
 def load_cloud_config(config: Mapping[str, Any]) -> CloudConfig:
@@ -91,13 +112,15 @@ def load_cloud_config(config: Mapping[str, Any]) -> CloudConfig:
                 f"cloud.prices_ucredits_per_hour: no price for {instance_type} "
                 f"(cloud.instance_types.{gpu_type})"
             )
+    node_gpu_types = _nodes(section, instance_types)
+    node_regions, region_images, region_prices = _regions(section, region, node_gpu_types)
     return CloudConfig(
         region=region,
         image_id=image_id,
         cluster=str((config.get("slurm") or {}).get("cluster") or "lab"),
         endpoint_url=endpoint,
         state_dir=Path(str(section.get("state_dir") or DEFAULT_STATE_DIR)),
-        node_gpu_types=_nodes(section, instance_types),
+        node_gpu_types=node_gpu_types,
         instance_types=instance_types,
         prices_ucredits_per_hour=prices,
         tags=_strings(section, "tags"),
@@ -105,21 +128,69 @@ def load_cloud_config(config: Mapping[str, Any]) -> CloudConfig:
         terminate_attempts=_attempts(section, "terminate_attempts", 8),
         terminate_backoff_seconds=_seconds(section, "terminate_backoff_seconds", 1.0),
         user_data=_optional_text(section, "user_data"),
+        node_regions=node_regions,
+        region_images=region_images,
+        region_prices=region_prices,
     )
 
 
-def _text(section: Mapping[str, Any], key: str) -> str:
+REGION_KEYS = frozenset({"nodes", "image_id", "prices_ucredits_per_hour"})
+
+
+def _regions(
+    section: Mapping[str, Any], default: str, node_gpu_types: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
+    """`[cloud.regions.NAME]`: which nodes launch there, its image, its own prices."""
+    table = section.get("regions") or {}
+    if not isinstance(table, Mapping):
+        raise CloudConfigError("cloud.regions: must be a table")
+    nodes: dict[str, str] = {}
+    images: dict[str, str] = {}
+    prices: dict[str, dict[str, int]] = {}
+    for name, entry in table.items():
+        key = f"regions.{name}"
+        if name == default:
+            raise CloudConfigError(f"cloud.{key}: {name} is cloud.region already (its nodes need no table)")
+        if not isinstance(entry, Mapping):
+            raise CloudConfigError(f"cloud.{key}: must be a table")
+        unknown = sorted(set(entry) - REGION_KEYS)
+        if unknown:
+            raise CloudConfigError(
+                f"cloud.{key}.{unknown[0]}: not a setting (known: {', '.join(sorted(REGION_KEYS))})"
+            )
+        try:
+            names = expand_hostlist(_text(entry, "nodes", key))
+        except SlurmTextError as error:
+            raise CloudConfigError(f"cloud.{key}.nodes: {error}") from None
+        for node in names:
+            if node not in node_gpu_types:
+                raise CloudConfigError(f"cloud.{key}.nodes: node {node} is in no cloud.nodes hostlist")
+            if node in nodes:
+                raise CloudConfigError(f"cloud.{key}.nodes: node {node} is in two regions")
+            nodes[node] = name
+        image = _optional_text(entry, "image_id", key)
+        if image is not None:
+            images[name] = image
+        prices[name] = _prices(entry, key)
+    return nodes, images, prices
+
+
+def _text(section: Mapping[str, Any], key: str, table: str = "") -> str:
     value = section.get(key)
     if not isinstance(value, str) or not value:
-        raise CloudConfigError(f"cloud.{key}: required, a non-empty string (got {value!r})")
+        raise CloudConfigError(f"cloud.{_dotted(table, key)}: required, a non-empty string (got {value!r})")
     return value
 
 
-def _optional_text(section: Mapping[str, Any], key: str) -> str | None:
+def _optional_text(section: Mapping[str, Any], key: str, table: str = "") -> str | None:
     value = section.get(key)
     if value is not None and not isinstance(value, str):
-        raise CloudConfigError(f"cloud.{key}: a string, got {value!r}")
+        raise CloudConfigError(f"cloud.{_dotted(table, key)}: a string, got {value!r}")
     return value or None
+
+
+def _dotted(table: str, key: str) -> str:
+    return f"{table}.{key}" if table else key
 
 
 def _strings(section: Mapping[str, Any], key: str) -> dict[str, str]:
@@ -132,16 +203,15 @@ def _strings(section: Mapping[str, Any], key: str) -> dict[str, str]:
     return dict(table)
 
 
-def _prices(section: Mapping[str, Any]) -> dict[str, int]:
+def _prices(section: Mapping[str, Any], within: str = "") -> dict[str, int]:
+    key = _dotted(within, "prices_ucredits_per_hour")
     table = section.get("prices_ucredits_per_hour") or {}
     if not isinstance(table, Mapping):
-        raise CloudConfigError("cloud.prices_ucredits_per_hour: must be a table")
+        raise CloudConfigError(f"cloud.{key}: must be a table")
     for name, value in table.items():
         # bool is an int in Python, a float is never money here: both are refused.
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CloudConfigError(
-                f"cloud.prices_ucredits_per_hour.{name}: integer micro-credits an hour, got {value!r}"
-            )
+            raise CloudConfigError(f"cloud.{key}.{name}: integer micro-credits an hour, got {value!r}")
     return dict(table)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -44,14 +44,15 @@ class InstanceRow:
 def instance_rows(
     live: Sequence[Instance],
     journal: Mapping[str, JournalEntry],
-    prices_ucredits_per_hour: Mapping[str, int],
+    price_of: Callable[[str, str], int | None],
     now: datetime,
 ) -> list[InstanceRow]:
     """Every instance the provider lists or the journal holds, with its cost so far.
 
     The provider charges from launch to termination, boot and idle included: cost =
     ledger.api.charge_for(the type's price an hour, whole seconds launched), rounded
-    once (ledger.api.InstanceSpan.cost_ucredits, which `cloud report` uses too). The
+    once (ledger.api.InstanceSpan.cost_ucredits, which `cloud report` uses too), at
+    `price_of(type, region)` (CloudConfig.price_of: None, no price). The
     end is the journal's (when gpucredit ended it), else the time the provider gives
     for the change, else, for an instance still listed as ending, now.
     """
@@ -65,7 +66,7 @@ def instance_rows(
             "terminated" if entry.terminated_at else "unlisted",
             entry.launched_at,
             entry.terminated_at,
-            prices_ucredits_per_hour,
+            price_of,
             now,
         )
     for instance in live:
@@ -81,7 +82,7 @@ def instance_rows(
             instance.state,
             instance.launched_at,
             ended,
-            prices_ucredits_per_hour,
+            price_of,
             now,
         )
     return sorted(rows.values(), key=lambda row: (row.launched_at, row.node or "", row.id))
@@ -95,11 +96,11 @@ def _row(
     state: str,
     launched_at: datetime,
     ended: datetime | None,
-    prices: Mapping[str, int],
+    price_of: Callable[[str, str], int | None],
     now: datetime,
 ) -> InstanceRow:
     # The cost rule is the monthly report's too (ledger.api.InstanceSpan): one place.
-    span = InstanceSpan(id_, node, instance_type, launched_at, ended, prices.get(instance_type))
+    span = InstanceSpan(id_, node, instance_type, launched_at, ended, price_of(instance_type, region))
     return InstanceRow(id_, node, instance_type, region, state, launched_at, ended, span.cost_ucredits(now))
 
 

@@ -122,7 +122,7 @@ class CloudPrograms:
     def suspend(self, nodes: Sequence[str], by: str = "suspend") -> int:
         try:
             live = [i for i in self._retrying(lambda: self.provider.instances(nodes)) if i.live]
-            self._retrying(lambda: self.provider.terminate([i.id for i in live]))
+            self._retrying(lambda: self.provider.terminate(live))
         except ProviderError as error:
             self.say(
                 f"{','.join(nodes)}: not terminated, {error}; `gpucredit cloud reconcile` ends what is left"
@@ -141,10 +141,7 @@ class CloudPrograms:
 
     def rows(self) -> list[InstanceRow]:
         return instance_rows(
-            self.provider.instances(),
-            self.journal.entries(),
-            self.config.prices_ucredits_per_hour,
-            self.clock(),
+            self.provider.instances(), self.journal.entries(), self.config.price_of, self.clock()
         )
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileResult:
@@ -155,7 +152,7 @@ class CloudPrograms:
         failed: str | None = None
         if plan and not dry_run:
             try:
-                self._retrying(lambda: self.provider.terminate([t.instance.id for t in plan]))
+                self._retrying(lambda: self.provider.terminate([t.instance for t in plan]))
             except ProviderError as error:
                 failed = str(error)
             else:
@@ -164,7 +161,7 @@ class CloudPrograms:
                     self.journal.terminated(termination.instance, at, f"reconcile:{termination.reason}")
         ended: list[Instance] = [t.instance for t in plan]
         now = self.clock()
-        rows = instance_rows(ended, self.journal.entries(), self.config.prices_ucredits_per_hour, now)
+        rows = instance_rows(ended, self.journal.entries(), self.config.price_of, now)
         return ReconcileResult(plan, {row.id: row for row in rows if row.id in {i.id for i in ended}}, failed)
 
     def _retrying(self, call: Callable[[], T]) -> T:

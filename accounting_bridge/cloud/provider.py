@@ -94,23 +94,23 @@ class Instance:
 
 
 class Ec2Provider:
-    """EC2 for one region. `client`: a boto3 EC2 client (tests may pass their own);
-    by default one is made from the config when first needed (no I/O here)."""
+    """EC2 in the config's regions (a node's instance lives in its node's region). A
+    client per region is made when first needed (no I/O here)."""
 
-    def __init__(self, config: CloudConfig, client: Any = None) -> None:
+    def __init__(self, config: CloudConfig) -> None:
         self.config = config
-        self._client = client
-        self._clients: dict[int, Any] = {}  # by attempts per call: botocore retries inside one
+        # by region and attempts per call (botocore retries inside one)
+        self._clients: dict[tuple[str, int], Any] = {}
 
-    def _ec2(self, attempts: int) -> Any:
+    def _ec2(self, region: str, attempts: int) -> Any:
         import boto3
         from botocore.config import Config
 
-        if attempts in self._clients:
-            return self._clients[attempts]
-        self._clients[attempts] = boto3.client(
+        if (region, attempts) in self._clients:
+            return self._clients[region, attempts]
+        self._clients[region, attempts] = boto3.client(
             "ec2",
-            region_name=self.config.region,
+            region_name=region,
             endpoint_url=self.config.endpoint_url,
             config=Config(
                 retries={"total_max_attempts": attempts, "mode": "standard"},
@@ -118,12 +118,12 @@ class Ec2Provider:
                 read_timeout=READ_TIMEOUT_SECONDS,
             ),
         )
-        return self._clients[attempts]
+        return self._clients[region, attempts]
 
-    def _call(self, operation: str, attempts: int = 1, **params: Any) -> Any:
+    def _call(self, operation: str, region: str, attempts: int = 1, **params: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-        client = self._client if self._client is not None else self._ec2(attempts)
+        client = self._ec2(region, attempts)
         try:
             return getattr(client, operation)(**params)
         except ClientError as error:
@@ -138,7 +138,8 @@ class Ec2Provider:
             raise ProviderUnreachable(str(error)) from None
 
     def launch(self, node: str) -> Instance:
-        """RunInstances of one instance for Slurm node `node`, tagged with its name.
+        """RunInstances of one instance for Slurm node `node` in its region, tagged with
+        its name.
 
         Its ClientToken makes botocore's own retries of this one call idempotent: a
         launch answered late is not launched twice."""
@@ -146,11 +147,13 @@ class Ec2Provider:
         extra: dict[str, Any] = {}
         if self.config.user_data:  # the image's boot script: which node to be (boto3 base64s it)
             extra["UserData"] = self.config.user_data.replace("@node@", node)
+        region = self.config.region_of(node)
         answer = self._call(
             "run_instances",
+            region,
             attempts=self.config.launch_attempts,
             **extra,
-            ImageId=self.config.image_id,
+            ImageId=self.config.image_of(region),
             InstanceType=self.config.instance_type_of(node),
             MinCount=1,
             MaxCount=1,
@@ -159,33 +162,39 @@ class Ec2Provider:
                 {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
             ],
         )
-        return self._instance(answer["Instances"][0])
+        return self._instance(answer["Instances"][0], region)
 
-    def terminate(self, instance_ids: Sequence[str]) -> None:
-        """TerminateInstances (one call, no retry: see `retrying`)."""
-        if instance_ids:
-            self._call("terminate_instances", InstanceIds=list(instance_ids))
+    def terminate(self, instances: Sequence[Instance]) -> None:
+        """TerminateInstances, one call per region (no retry: see `retrying`)."""
+        for region in sorted({i.region for i in instances}):
+            ids = [i.id for i in instances if i.region == region]
+            self._call("terminate_instances", region, InstanceIds=ids)
 
     def instances(self, nodes: Iterable[str] | None = None) -> list[Instance]:
         """This cluster's instances the provider still lists (terminated ones for a while),
-        only those of `nodes` when given."""
+        in every region of the config, or only those of `nodes` (in their regions)."""
         filters = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [self.config.cluster]}]
+        regions = self.config.regions
         if nodes is not None:
-            filters.append({"Name": f"tag:{NODE_TAG}", "Values": sorted(set(nodes))})
+            names = sorted(set(nodes))
+            filters.append({"Name": f"tag:{NODE_TAG}", "Values": names})
+            regions = tuple(r for r in regions if r in {self.config.region_of(n) for n in names})
         found: list[Instance] = []
-        token: str | None = None
-        while True:
-            params: dict[str, Any] = {"Filters": filters, "MaxResults": PAGE_SIZE}
-            if token:
-                params["NextToken"] = token
-            answer = self._call("describe_instances", **params)
-            for reservation in answer.get("Reservations", []):
-                found.extend(self._instance(item) for item in reservation.get("Instances", []))
-            token = answer.get("NextToken")
-            if not token:
-                return sorted(found, key=lambda i: (i.launched_at, i.node or "", i.id))
+        for region in regions:
+            token: str | None = None
+            while True:
+                params: dict[str, Any] = {"Filters": filters, "MaxResults": PAGE_SIZE}
+                if token:
+                    params["NextToken"] = token
+                answer = self._call("describe_instances", region, **params)
+                for reservation in answer.get("Reservations", []):
+                    found.extend(self._instance(item, region) for item in reservation.get("Instances", []))
+                token = answer.get("NextToken")
+                if not token:
+                    break
+        return sorted(found, key=lambda i: (i.launched_at, i.node or "", i.id))
 
-    def _instance(self, item: dict[str, Any]) -> Instance:
+    def _instance(self, item: dict[str, Any], region: str) -> Instance:
         tags = {tag["Key"]: tag["Value"] for tag in item.get("Tags", [])}
         launched = item["LaunchTime"]
         changed = _TRANSITION_TIME.search(item.get("StateTransitionReason") or "")
@@ -193,7 +202,7 @@ class Ec2Provider:
             id=item["InstanceId"],
             node=tags.get(NODE_TAG),
             instance_type=item["InstanceType"],
-            region=self.config.region,
+            region=region,
             state=item["State"]["Name"],
             launched_at=launched.astimezone(UTC) if launched.tzinfo else launched.replace(tzinfo=UTC),
             state_changed_at=(

@@ -42,7 +42,7 @@ def instance_spans(journal: Mapping[str, JournalEntry], config: CloudConfig) -> 
             entry.instance_type,
             entry.launched_at,
             entry.terminated_at,
-            config.price_of(entry.instance_type),
+            config.price_of(entry.instance_type, entry.region),
         )
         for entry in sorted(journal.values(), key=lambda e: (e.launched_at, e.id))
     ]

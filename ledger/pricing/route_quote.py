@@ -34,6 +34,7 @@ def route_quote(
     *,
     max_cost: str | None = None,
     cloud: bool | None = None,
+    region: str | None = None,
     at: datetime | None = None,
 ) -> dict[str, Any] | None:
     """The job's placement as job_submit would decide it now: each partition's cost and
@@ -42,13 +43,13 @@ def route_quote(
     allowed). None when the job is not routed (no limit, no cloud): the plain quote is
     then the whole answer."""
     at = at or utcnow()
-    limit = routing.limit_for(account, max_cost, cloud)
+    limit = routing.limit_for(account, max_cost, cloud, region=region)
     if limit is None:
         return None
     names = candidate_partitions([], routing, ())
     found = estimates_in(s, account, parse_gpus(gpus), parse_seconds(seconds, field="seconds"), names, at=at)
     options = [
-        PartitionOption(name, routing.site(name), cost)
+        PartitionOption(name, routing.site(name), cost, routing.region(name))
         for name, cost in found.items()
         if not isinstance(cost, LedgerError)  # no price for these GPUs there
     ]
@@ -64,10 +65,12 @@ def route_quote(
         "cost": None if quote is None else format_credits(quote.cost_ucredits),
         "limit": None if limit.max_cost_ucredits is None else format_credits(limit.max_cost_ucredits),
         "cloud_allowed": limit.allow_cloud,
+        "region": limit.region,
         "partitions": [
             {
                 "partition": option.partition,
                 "site": option.site,
+                "region": option.region,
                 "cost": format_credits(option.estimate.cost_ucredits),
                 "verdict": decision.verdict(option),
             }

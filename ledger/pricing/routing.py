@@ -17,11 +17,17 @@ Each candidate partition gets the first verdict that matches:
 
     site permitted?  one run <= limit?  within cloud budget?  no cap broken?  affordable?  verdict
     no                                                                                  cloud_not_allowed
+    not its region                                                                      other_region
     yes              no                                                                 over_limit
     yes              yes                no                                              over_cloud_budget
     yes              yes                yes                   no                        over_cap
     yes              yes                yes                   yes             no        over_credit
     yes              yes                yes                   yes             yes       allowed
+
+A cloud partition may name its provider's region (`[partitions.NAME] region`). A job
+that prefers a region (`gpucredit:region=us-west-2`, or the account's default) runs in
+the cloud only there: a cloud partition elsewhere, or with no region, is `other_region`.
+On-premise partitions have no region and are never left out for one.
 
 "Within cloud budget" asks only of a cloud partition of an account with a monthly
 `cloud_budget`: the month's cloud spend (ledger.pricing.cloud_budget: charged, net of
@@ -43,8 +49,9 @@ credit), naming the cheapest option with that verdict.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.errors import InvalidInput, LimitExceeded
@@ -57,6 +64,7 @@ __all__ = [
     "CLOUD",
     "CLOUD_NOT_ALLOWED",
     "ONPREM",
+    "OTHER_REGION",
     "OVER_CAP",
     "OVER_CLOUD_BUDGET",
     "OVER_CREDIT",
@@ -75,15 +83,18 @@ SITES = (ONPREM, CLOUD)
 
 ALLOWED = "allowed"
 CLOUD_NOT_ALLOWED = "cloud_not_allowed"
+OTHER_REGION = "other_region"
 OVER_LIMIT = "over_limit"
 OVER_CLOUD_BUDGET = "over_cloud_budget"
 OVER_CAP = "over_cap"
 OVER_CREDIT = "over_credit"
 # the table's order
-_STAGES = (CLOUD_NOT_ALLOWED, OVER_LIMIT, OVER_CLOUD_BUDGET, OVER_CAP, OVER_CREDIT, ALLOWED)
+_STAGES = (CLOUD_NOT_ALLOWED, OTHER_REGION, OVER_LIMIT, OVER_CLOUD_BUDGET, OVER_CAP, OVER_CREDIT, ALLOWED)
 
 # What `[routing.accounts.NAME]` may set, and `[routing]` itself.
-ACCOUNT_KEYS = frozenset({"max_cost", "cloud", "cloud_budget"})
+ACCOUNT_KEYS = frozenset({"max_cost", "cloud", "cloud_budget", "region"})
+PARTITION_KEYS = frozenset({"site", "region"})
+REGION = re.compile(r"[a-z][a-z0-9-]{0,31}")  # a provider's region name: us-west-2
 ROUTING_KEYS = frozenset({"accounts", "burst_after_seconds"})
 
 # Where a limit came from, for the message.
@@ -95,36 +106,49 @@ FROM_ACCOUNT = "account"
 class CostLimit:
     """What a job may cost per run (None: no limit) and whether gpucredit may add cloud
     partitions; `max_cost_from` says who set the limit (FROM_JOB or FROM_ACCOUNT);
-    `cloud_budget_ucredits` is the account's monthly cloud budget (None: none)."""
+    `cloud_budget_ucredits` is the account's monthly cloud budget (None: none); `region`
+    the only region whose cloud partitions it may use (None: any)."""
 
     max_cost_ucredits: int | None = None
     allow_cloud: bool = False
     max_cost_from: str = FROM_JOB
     cloud_budget_ucredits: int | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    """Partition sites, accounts' default limits and how long a job waits on-premise
-    before its cloud partitions are added (0: none held back), read once from the config."""
+    """Partition sites and regions, accounts' default limits and how long a job waits
+    on-premise before its cloud partitions are added (0: none held back), read once from
+    the config."""
 
     sites: Mapping[str, str]
     account_defaults: Mapping[str, CostLimit]
     burst_after_seconds: int = 0
+    regions: Mapping[str, str] = field(default_factory=dict)  # cloud partition -> its region
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RoutingConfig:
-        """`[partitions.NAME] site` and `[routing.accounts.NAME] max_cost, cloud,
-        cloud_budget`; a bad value raises InvalidInput naming the key."""
+        """`[partitions.NAME] site, region` and `[routing.accounts.NAME] max_cost, cloud,
+        cloud_budget, region`; a bad value raises InvalidInput naming the key."""
         sites: dict[str, str] = {}
+        regions: dict[str, str] = {}
         for name, table in dict(config.get("partitions") or {}).items():
-            site = dict(table or {}).get("site", ONPREM)
+            table = dict(table or {})
+            site = table.get("site", ONPREM)
             if site not in SITES:
                 raise InvalidInput(
                     f"partitions.{name}.site must be one of {', '.join(SITES)}, not {site!r}",
                     code="invalid_config",
                 )
             sites[str(name)] = site
+            if "region" in table:
+                if site != CLOUD:
+                    raise InvalidInput(
+                        f'partitions.{name}.region is for a cloud partition (site = "cloud")',
+                        code="invalid_config",
+                    )
+                regions[str(name)] = _region(table["region"], f"partitions.{name}.region")
         defaults: dict[str, CostLimit] = {}
         routing = dict(config.get("routing") or {})
         unknown = sorted(set(routing) - ROUTING_KEYS)
@@ -155,13 +179,18 @@ class RoutingConfig:
                     f"routing.accounts.{account}.cloud must be true or false, not {cloud!r}",
                     code="invalid_config",
                 )
+            region = table.get("region")
+            if region is not None:
+                field_name = f"routing.accounts.{account}.region"
+                _known_region(_region(region, field_name), regions.values(), field_name, "invalid_config")
             defaults[str(account)] = CostLimit(
                 _credits_or_none(table, "max_cost", account),
                 cloud,
                 FROM_ACCOUNT,
                 _credits_or_none(table, "cloud_budget", account, allow_zero=True),  # "0": no cloud
+                region,
             )
-        return cls(sites, defaults, burst_after)
+        return cls(sites, defaults, burst_after, regions)
 
     def cloud_partitions(self) -> frozenset[str]:
         return frozenset(name for name, site in self.sites.items() if site == CLOUD)
@@ -187,16 +216,29 @@ class RoutingConfig:
     def site(self, partition: str | None) -> str:
         return self.sites.get(partition or "", ONPREM)
 
+    def region(self, partition: str | None) -> str | None:
+        return self.regions.get(partition or "")
+
     def limit_for(
-        self, account: str, max_cost: str | None, cloud: bool | None, *, names_cloud: bool = False
+        self,
+        account: str,
+        max_cost: str | None,
+        cloud: bool | None,
+        *,
+        names_cloud: bool = False,
+        region: str | None = None,
     ) -> CostLimit | None:
-        """The job's own `max_cost` (credits) and `cloud`, each else the account's default;
-        None when the job neither has a limit nor may go to the cloud (no routing). A job
-        that names a cloud partition itself (`names_cloud`, `-p cloud`) of an account with
-        a cloud budget is routed too: the budget binds whoever chose the cloud."""
+        """The job's own `max_cost` (credits), `cloud` and `region`, each else the
+        account's default; None when the job neither has a limit nor may go to the cloud
+        (no routing). A job that names a cloud partition itself (`names_cloud`, `-p cloud`)
+        of an account with a cloud budget, or with a region, is routed too: the budget
+        and the region bind whoever chose the cloud. A region no cloud partition is in
+        raises InvalidInput: a misspelt region must not quietly keep a job on-premise."""
+        if region is not None:
+            _known_region(region, self.regions.values(), "region")
         default = self.account_defaults.get(account)
         if default is None:
-            if max_cost is None and not cloud:  # every quote of a site without routing
+            if max_cost is None and not cloud and not (names_cloud and region):  # a site without routing
                 return None
             default = CostLimit(max_cost_from=FROM_ACCOUNT)
         limit = CostLimit(
@@ -204,11 +246,30 @@ class RoutingConfig:
             default.allow_cloud if cloud is None else cloud,
             default.max_cost_from if max_cost is None else FROM_JOB,
             default.cloud_budget_ucredits,
+            default.region if region is None else region,
         )
-        budget_binds = names_cloud and limit.cloud_budget_ucredits is not None
-        if limit.max_cost_ucredits is None and not limit.allow_cloud and not budget_binds:
+        binds = names_cloud and (limit.cloud_budget_ucredits is not None or limit.region is not None)
+        if limit.max_cost_ucredits is None and not limit.allow_cloud and not binds:
             return None
         return limit
+
+
+def _region(value: Any, field_name: str) -> str:
+    if not isinstance(value, str) or not REGION.fullmatch(value):
+        raise InvalidInput(
+            f"{field_name} must be a region name like us-west-2, not {value!r}", code="invalid_config"
+        )
+    return value
+
+
+def _known_region(region: str, known: Collection[str], field_name: str, code: str = "invalid_input") -> None:
+    if region not in known:
+        listed = ", ".join(sorted(set(known))) or "none: no [partitions.NAME] has a region"
+        raise InvalidInput(
+            f"{field_name}: no cloud partition is in region {region} (regions: {listed})",
+            code=code,
+            details={"field": field_name},
+        )
 
 
 def _credits_or_none(
@@ -238,6 +299,7 @@ class PartitionOption:
     partition: str | None
     site: str
     estimate: Estimate
+    region: str | None = None  # a cloud partition's provider region
 
 
 @dataclass(frozen=True)
@@ -330,6 +392,8 @@ def _verdict(
     estimate = option.estimate
     if option.site == CLOUD and not cloud_permitted:
         return CLOUD_NOT_ALLOWED
+    if option.site == CLOUD and limit.region is not None and option.region != limit.region:
+        return OTHER_REGION
     if limit.max_cost_ucredits is not None and estimate.cost_per_task_ucredits > limit.max_cost_ucredits:
         return OVER_LIMIT
     if _budget_breach(option, limit, cloud_spend) is not None:

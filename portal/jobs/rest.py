@@ -98,7 +98,7 @@ def job_description(spec: JobSpec, user: str, home: str) -> dict[str, Any]:
         job["container"] = spec.container
     if spec.retry is not None:  # Slurm requeues only a requeueable job (retry_keeper.py)
         job["requeue"] = True
-    comment = directive_comment(spec.max_cost, spec.cloud)
+    comment = directive_comment(spec.max_cost, spec.cloud, spec.region)
     if comment is not None:
         job["comment"] = comment
     return job
@@ -122,6 +122,7 @@ class RefusedBySlurm(LedgerError):
 # The routing verdict a refusal names (ledger.pricing.routing), in plain words.
 VERDICT_WORDS = {
     "cloud_not_allowed": "it may run only in the cloud, and the cloud is not allowed (gpucredit:cloud=yes)",
+    "other_region": "it may run only in the cloud, and not in the region it asks for",
     "over_limit": "over its limit of {limit} a run: raise max_cost, or ask for fewer GPUs or less time",
     "over_cloud_budget": "over the account's cloud budget for the month",
     "over_cap": "over a cap of the account",

@@ -60,6 +60,7 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_COST = re.compile(r"^[0-9]{1,13}(\.[0-9]{1,6})?$")
 MEMORY = re.compile(r"^[0-9]{1,9}[KMGT]?$")
 CLOUD = re.compile(r"^(yes|no)$")  # may job_submit route it to a cloud partition
+REGION = re.compile(r"^[a-z][a-z0-9-]{0,31}$")  # the only cloud region it may run in
 REQUEUE = re.compile(r"^yes$")  # a job with a retry policy: requeueable, for the daemon's retry pass
 # Slurm puts the bundle's path into oci.conf's command lines (%b): plain characters only.
 CONTAINER = re.compile(r"/[A-Za-z0-9._/\-]{0,4095}")
@@ -139,6 +140,7 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
     memory = _text(spec, "memory", MEMORY)
     max_cost = _text(spec, "max_cost", MAX_COST)
     cloud = _text(spec, "cloud", CLOUD)
+    region = _text(spec, "region", REGION)
     requeue = _text(spec, "requeue", REQUEUE)
     cpus = spec.get("cpus")
     if cpus is not None and (
@@ -159,7 +161,7 @@ def sbatch_options(spec: Mapping[str, Any]) -> list[str]:
         if not isinstance(container, str) or not CONTAINER.fullmatch(container):
             raise BadRequest("container", CONTAINER_WORDS)
         options += [f"--container={container}"]
-    comment = directive_comment(max_cost, cloud)
+    comment = directive_comment(max_cost, cloud, region)
     if comment is not None:
         options += [f"--comment={comment}"]
     return options
@@ -169,9 +171,10 @@ def _absolute(path: str) -> bool:
     return os.path.isabs(path) and "\0" not in path and "\n" not in path and len(path) <= 4096
 
 
-def directive_comment(max_cost: str | None, cloud: str | None) -> str | None:
+def directive_comment(max_cost: str | None, cloud: str | None, region: str | None = None) -> str | None:
     """The job comment with job_submit's directives (slurmtext.comment_directives), one word."""
-    directives = [f"{key}={value}" for key, value in (("max_cost", max_cost), ("cloud", cloud)) if value]
+    pairs = (("max_cost", max_cost), ("cloud", cloud), ("region", region))
+    directives = [f"{key}={value}" for key, value in pairs if value]
     return f"gpucredit:{','.join(directives)}" if directives else None
 
 

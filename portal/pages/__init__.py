@@ -29,6 +29,7 @@ def init_app(app: Flask) -> None:
 VERDICT_WORDS = {
     "allowed": "allowed",
     "cloud_not_allowed": "cloud not allowed",
+    "other_region": "not the job's region",
     "over_limit": "over the limit",
     "over_cloud_budget": "over the account's cloud budget",
     "over_cap": "over a cap of the account or its member",

@@ -19,7 +19,7 @@ import re
 import secrets
 from typing import Any
 
-from flask import flash, redirect, render_template, request, url_for
+from flask import current_app, flash, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
 from ledger import api
@@ -27,7 +27,7 @@ from ledger.errors import InvalidInput, LedgerError
 from portal.auth import Principal, accounts_of, login_required, principal
 from portal.jobs import service
 from portal.jobs.backend import JobSpec
-from portal.jobs.spec import check_spec, member_of, quote_spec, sbatch_line
+from portal.jobs.spec import check_spec, member_of, quote_spec, routing_of, sbatch_line
 from portal.pages import bp
 from portal.pages.quote import priced_gpu_types
 from portal.store import transaction
@@ -42,6 +42,7 @@ TEXT_FIELDS = (
     "memory",
     "max_cost",
     "cloud",
+    "region",
     "retry_max",
     "retry_on",
     "retry_backoff_seconds",
@@ -72,7 +73,7 @@ def _body(form: dict[str, str], *, script: bool) -> dict[str, Any]:
     }
     if script:
         body["script"] = form["script"]
-    for key in ("name", "memory", "max_cost", "cloud"):
+    for key in ("name", "memory", "max_cost", "cloud", "region"):
         if form[key]:
             body[key] = form[key]
     if form["cpus"]:
@@ -112,6 +113,7 @@ def _render(form: dict[str, str], status: int = 200, **shown: Any) -> Any:
         names=names,
         gpu_types=gpu_types,
         sites=SITES,
+        regions=sorted(set(routing_of(current_app).regions.values())),
         request_key=secrets.token_hex(16),
         **shown,
     ), status

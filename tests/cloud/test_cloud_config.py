@@ -75,3 +75,45 @@ def test_a_node_in_no_hostlist_has_no_instance_type() -> None:
     with pytest.raises(CloudConfigError) as raised:
         load().instance_type_of("node1")
     assert str(raised.value) == "cloud.nodes: node node1 is in no hostlist (its GPU type)"
+
+
+def test_regions_name_their_nodes_image_and_own_prices() -> None:
+    config = load(
+        regions={
+            "us-west-2": {
+                "nodes": "cloud2",
+                "image_id": "ami-west",
+                "prices_ucredits_per_hour": {"p5.48xlarge": 90},
+            }
+        }
+    )
+    assert config.regions == ("us-east-1", "us-west-2")
+    assert (config.region_of("cloud1"), config.region_of("cloud2")) == ("us-east-1", "us-west-2")
+    assert (config.image_of("us-east-1"), config.image_of("us-west-2")) == ("ami-12c6146b", "ami-west")
+    assert (config.price_of("p5.48xlarge"), config.price_of("p5.48xlarge", "us-west-2")) == (98_320_000, 90)
+    assert load(regions={"eu-west-1": {"nodes": "cloud1"}}).image_of("eu-west-1") == "ami-12c6146b"
+
+
+@pytest.mark.parametrize(
+    ("regions", "message"),
+    [
+        (
+            {"us-west-2": {"nodes": "cloud9"}},
+            "cloud.regions.us-west-2.nodes: node cloud9 is in no cloud.nodes hostlist",
+        ),
+        (
+            {"us-west-2": {"nodes": "cloud1"}, "eu-west-1": {"nodes": "cloud[1-2]"}},
+            "cloud.regions.eu-west-1.nodes: node cloud1 is in two regions",
+        ),
+        ({"us-east-1": {"nodes": "cloud1"}}, "cloud.regions.us-east-1: us-east-1 is cloud.region already"),
+        ({"us-west-2": {"node": "cloud1"}}, "cloud.regions.us-west-2.node: not a setting"),
+        ({"us-west-2": {}}, "cloud.regions.us-west-2.nodes: required"),
+        (
+            {"us-west-2": {"nodes": "cloud1", "prices_ucredits_per_hour": {"p5.48xlarge": 1.5}}},
+            "cloud.regions.us-west-2.prices_ucredits_per_hour.p5.48xlarge: integer micro-credits",
+        ),
+    ],
+)
+def test_a_bad_region_table_is_refused_naming_the_key(regions: dict[str, Any], message: str) -> None:
+    with pytest.raises(CloudConfigError, match=message.replace(".", r"\.").replace("[", r"\[")):
+        load(regions=regions)

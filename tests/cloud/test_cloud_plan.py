@@ -66,7 +66,7 @@ def test_rows_cost_to_the_journals_end_else_the_providers_else_now() -> None:
         Instance("i-d", "cloud4", "g5.xlarge", "us-east-1", "running", T0),
     ]
     now = T0 + timedelta(seconds=600)
-    rows = {row.id: row for row in instance_rows(listed, journal, PRICES, now)}
+    rows = {row.id: row for row in instance_rows(listed, journal, lambda kind, region: PRICES.get(kind), now)}
     assert {id_: (row.state, row.cost_ucredits) for id_, row in rows.items()} == {
         "i-a": ("terminated", 90_000),
         "i-b": ("terminated", 30_000),

@@ -171,7 +171,7 @@ def test_reconcile_ends_what_slurm_does_not_know_and_keeps_the_rest(
     by_node = {i.node: i for i in rig.programs.provider.instances()}
     # A launch the journal never saw (a crash between RunInstances and the write), for a
     # node Slurm no longer has: the provider still bills it.
-    client = rig.programs.provider._ec2(1)
+    client = rig.programs.provider._ec2("us-east-1", 1)
     client.run_instances(
         ImageId="ami-12c6146b",
         InstanceType="p5.48xlarge",
@@ -244,6 +244,52 @@ def test_user_data_names_the_node_the_instance_boots_as(make_rig: Callable[..., 
     rig = make_rig(user_data="#!/bin/sh\nexec slurmd -N @node@\n")
     assert rig.programs.resume(["cloud2"]) == 0
     (instance,) = rig.programs.provider.instances()
-    client = rig.programs.provider._ec2(1)
+    client = rig.programs.provider._ec2("us-east-1", 1)
     answer = client.describe_instance_attribute(InstanceId=instance.id, Attribute="userData")
     assert base64.b64decode(answer["UserData"]["Value"]) == b"#!/bin/sh\nexec slurmd -N cloud2\n"
+
+
+WEST_PRICE = 90_000_000  # p5.48xlarge in us-west-2 here: 90.00 credits an hour
+WEST = {
+    "nodes": "cloud2",
+    "image_id": "ami-12c6146b",
+    "prices_ucredits_per_hour": {"p5.48xlarge": WEST_PRICE},
+}
+
+
+def test_a_node_of_another_region_launches_ends_and_is_priced_there(make_rig: Callable[..., Rig]) -> None:
+    rig = make_rig(regions={"us-west-2": WEST})
+    assert rig.programs.resume(["cloud1", "cloud2"]) == 0
+    by_node = {i.node: i for i in rig.programs.provider.instances()}
+    assert {node: i.region for node, i in by_node.items()} == {"cloud1": "us-east-1", "cloud2": "us-west-2"}
+    # The provider's own view, region by region: cloud2's instance is in us-west-2 alone.
+    for region, node in (("us-east-1", "cloud1"), ("us-west-2", "cloud2")):
+        listed = rig.programs.provider._ec2(region, 1).describe_instances()["Reservations"]
+        assert [i["InstanceId"] for r in listed for i in r["Instances"]] == [by_node[node].id]
+    assert rig.said[1] == f"cloud2: launched {by_node['cloud2'].id} (p5.48xlarge) in us-west-2"
+    assert [i.region for i in rig.programs.provider.instances(["cloud2"])] == ["us-west-2"]
+
+    rig.at(by_node["cloud2"].launched_at + timedelta(seconds=1000))
+    assert rig.programs.suspend(["cloud1", "cloud2"]) == 0
+    assert {i.node: i.state for i in rig.programs.provider.instances()} == {
+        "cloud1": "terminated",
+        "cloud2": "terminated",
+    }
+    rows = {row.node: row for row in rig.programs.rows()}
+    assert (rows["cloud2"].region, rows["cloud2"].cost_ucredits) == (
+        "us-west-2",
+        charge_for(WEST_PRICE, 1000),
+    )
+    assert rows["cloud1"].cost_ucredits == charge_for(PRICE_UCREDITS_PER_HOUR, 1000)
+    assert rig.programs.journal.entries()[by_node["cloud2"].id].region == "us-west-2"
+
+
+def test_reconcile_looks_in_every_region(make_rig: Callable[..., Rig]) -> None:
+    rig = make_rig(regions={"us-west-2": WEST})
+    assert rig.programs.resume(["cloud2"]) == 0
+    rig.slurm.add(SINFO, "cloud1|idle+cloud+powered_down|\ncloud2|idle+cloud+powered_down|\n")
+    result = rig.programs.reconcile()
+    assert [(t.instance.node, t.instance.region, t.reason) for t in result.terminated] == [
+        ("cloud2", "us-west-2", "node_powered_down")
+    ]
+    assert [i.state for i in rig.programs.provider.instances()] == ["terminated"]

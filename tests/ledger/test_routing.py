@@ -418,7 +418,7 @@ def test_jobs_that_state_nothing_are_answered_as_before() -> None:
     ("comment", "message"),
     [
         ("gpucredit:max-cost=5", "gpucredit: invalid_comment: unknown gpucredit directive 'max-cost=5' in "
-         "the comment (known: max_cost=..., cloud=...)"),
+         "the comment (known: max_cost=..., cloud=..., region=...)"),
         ("gpucredit:max_cost=0", "gpucredit: max_cost must be greater than zero"),
     ],
 )  # fmt: skip

@@ -23,6 +23,10 @@ def test_the_directives_share_one_comment_word() -> None:
         "--comment=gpucredit:max_cost=25,cloud=no",
     ]
     assert sbatch_options({**SPEC, "cloud": "yes"})[-1] == "--comment=gpucredit:cloud=yes"
+    with_region = sbatch_options({**SPEC, "cloud": "yes", "region": "us-west-2"})[-1]
+    assert with_region == "--comment=gpucredit:cloud=yes,region=us-west-2"
+    with pytest.raises(BadRequest):
+        sbatch_options({**SPEC, "region": "us west"})
     assert not any(option.startswith("--comment") for option in sbatch_options(SPEC))
 
 

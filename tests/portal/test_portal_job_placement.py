@@ -78,3 +78,18 @@ def test_a_job_without_a_limit_or_the_cloud_keeps_the_plain_quote(
     shown = preview(login_as, "")
     assert shown.all(data_testid="placement") == []
     assert (shown.text("cost"), shown.text("fits")) == ("14.40", "yes")
+
+
+def test_a_region_keeps_the_cloud_to_its_partitions_and_an_unknown_one_is_the_fields_error(
+    app: Flask, login_as: LoginAs, routed: FakeBackend
+) -> None:
+    app.config["GPUCREDIT"]["partitions"]["cloud"]["region"] = "us-west-2"
+    app.extensions.pop("gpucredit.routing", None)
+    form = login_as("bob").get("/my-jobs/new").get_data(as_text=True)
+    assert '<option value="us-west-2">us-west-2</option>' in form
+    assert placement(preview(login_as, "cloud=yes&region=us-west-2"))["cloud"] == (
+        "21.60",
+        "allowed, once it has waited 600 s",
+    )
+    answer = login_as("bob").get(f"/my-jobs/new/preview?{JOB}&cloud=yes&region=eu-west-1")
+    assert "no cloud partition is in region eu-west-1 (regions: us-west-2)" in answer.get_data(as_text=True)

@@ -24,12 +24,13 @@ from click.testing import CliRunner
 from gpucredit.cli import _build
 from ledger.api import charge_for
 from slurmbox import box_cloud
+from slurmbox.gpucredit_site import ROUTING_TEXT
 from slurmbox.provider_faults import Fault, FaultProxy
 from tests.support.cluster import PRICES, Books, Cluster, Gate, sacct_runs, submit
 
 pytestmark = pytest.mark.slurm
 
-CLOUD_H100 = 5_400_000  # micro-credits per GPU-hour in partition burst
+CLOUD_H100 = 4_800_000  # micro-credits per GPU-hour in partition burst (us-west-2)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,17 @@ def clouded(cluster: Cluster) -> Iterator[Cluster]:
     if " Nodes=cloud1 " not in partitions:
         why = "the box runs no cloud: GPUCREDIT_BOX_CLOUD=1 make slurm-down slurm-up"
         pytest.fail(why, pytrace=False) if os.environ.get("CI") else pytest.skip(why)
-    cluster.gpucredit(
-        "price", "set", "h100", "5.40", "--partition", box_cloud.PARTITION, "--effective", "2026-01-01"
-    )
+    cluster.gpucredit("price", "set", "h100", "4.80", "--partition", box_cloud.PARTITION)  # us-west-2
+    cluster.gpucredit("price", "set", "h100", "5.40", "--partition", "cloud")  # node3, us-east-1
+    # The box's partition tags and regions, for the job that names its region.
+    config = cluster.config_path.read_text()
+    cluster.config_path.write_text(config + ROUTING_TEXT)
+    cluster.stop_daemon()
+    cluster.start_daemon()
     yield cluster
+    cluster.config_path.write_text(config)
+    cluster.stop_daemon()
+    cluster.start_daemon()
 
 
 def cloud_cli(*args: str) -> str:
@@ -67,9 +75,11 @@ def wait_for(what: str, check, timeout: float):  # type: ignore[no-untyped-def]
 
 
 def billed_launch_to_end(row: dict[str, object]) -> int:
-    """What the provider bills an ended instance: its type's price for launch to end."""
+    """What the provider bills an ended instance: its type's price in its region (cloud1's,
+    us-west-2) for launch to end."""
     span = datetime.fromisoformat(str(row["terminated_at"])) - datetime.fromisoformat(str(row["launched_at"]))
-    return charge_for(box_cloud.PRICE_UCREDITS_PER_HOUR, int(span.total_seconds()))
+    assert row["region"] == box_cloud.REGION
+    return charge_for(box_cloud.REGION_PRICE_UCREDITS_PER_HOUR, int(span.total_seconds()))
 
 
 def node_state(cluster: Cluster) -> str:
@@ -235,7 +245,7 @@ def test_an_instance_the_provider_ends_under_a_job_fails_the_node_and_its_start_
         ec2 = boto3.client(
             "ec2",
             endpoint_url=box_cloud.ENDPOINT,
-            region_name="us-east-1",
+            region_name=box_cloud.REGION,
             aws_access_key_id=box_cloud.CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=box_cloud.CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         )
@@ -266,3 +276,40 @@ def test_an_instance_the_provider_ends_under_a_job_fails_the_node_and_its_start_
     # The provider billed the instance from its launch to its end, and the books say so.
     [ended] = [r for r in cloud1_instances() if r["id"] == launched["id"]]
     assert ended["cost_ucredits"] == billed_launch_to_end(ended)
+
+
+def test_a_job_that_names_a_region_bursts_there_at_that_partitions_price(
+    clouded: Cluster, books: Books
+) -> None:
+    """node3 (partition `cloud`, us-east-1) is free and Slurm prefers it, but the job wants
+    us-west-2: it waits on-premise, bursts to `burst` alone, and cloud1 is launched there."""
+    box = clouded.box
+    payer = clouded.new_account("10")
+    account = clouded.new_account("10")
+    cloud1_ready(clouded)
+    before = {row["id"] for row in cloud1_instances()}
+    filler = fill_on_premise(clouded, payer)
+    job = submit(
+        box,
+        "-A",
+        account,
+        "--gres=gpu:h100:1",
+        "-t",
+        "1",
+        f"--comment=gpucredit:cloud=yes,region={box_cloud.REGION}",
+        "--wrap",
+        "sleep 3",
+    )
+    assert box.scontrol_job(job)["Comment"].strip() == (
+        "gpucredit: routed to onprem, then burst after 5 s (cloud allowed, region us-west-2): "
+        "onprem ~0.06 allowed, burst ~0.08 allowed, cloud ~0.09 in us-east-1, not us-west-2"
+    )
+    box.wait_state(job, "COMPLETED", timeout=box_cloud.RESUME_TIMEOUT_SECONDS + 60)
+    [row] = sacct_runs(box, job, account)
+    assert (row["Partition"], row["NodeList"]) == (box_cloud.PARTITION, "cloud1")
+    [launched] = [r for r in cloud1_instances() if r["id"] not in before]
+    assert (launched["region"], launched["type"]) == (box_cloud.REGION, "p5.48xlarge")
+    box.run(["scancel", str(filler)], check=True)
+    box.wait_state(filler, {"CANCELLED", "COMPLETED"}, timeout=60)
+    books.check(payer, {filler: 4 * PRICES["h100"]})
+    books.check(account, {job: CLOUD_H100})  # 4.80 an h100-hour in burst, not cloud's 5.40
