@@ -70,6 +70,7 @@ bench: venv
 	$(BIN)/python -m bench.bridge --runs 100000
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.pool_cycles
+	$(BIN)/python -m bench.stage_in
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,$(MAKE) slurm-up && flock /tmp/slurmbox.lock $(BIN)/python -m bench.slurm_hooks)
 	$(if $(filter 0 no false,$(BENCH_SLURM)),,flock /tmp/slurmbox.lock $(BIN)/python -m bench.jobs_api)
 	$(if $(filter 1 yes true,$(BENCH_CLOUD)),flock /tmp/slurmbox.lock $(BIN)/python -m bench.cloud_burst,)

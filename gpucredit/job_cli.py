@@ -137,6 +137,11 @@ def job_group() -> None:
 @click.option("--cpus", type=int, default=None)
 @click.option("--mem", "memory", default=None, help="like 16G")
 @click.option("--max-cost", default=None, help="credits")
+@click.option("--cloud", type=click.Choice(["yes", "no"]), default=None, help="may it run in the cloud")
+@click.option("--region", default=None, help="the only cloud region it may run in, like us-west-2")
+@click.option(
+    "--data", multiple=True, help="an absolute path its cloud node copies before it starts, repeatable"
+)
 @click.option("--workdir", "working_dir", default=None, help="absolute (default: your home)")
 @click.option("--env", "environment", multiple=True, help="NAME=VALUE, repeatable")
 @click.option("--container", default=None, help="an OCI bundle directory to run it in (absolute)")
@@ -164,6 +169,9 @@ def submit_command(
     cpus: int | None,
     memory: str | None,
     max_cost: str | None,
+    cloud: str | None,
+    region: str | None,
+    data: tuple[str, ...],
     working_dir: str | None,
     environment: tuple[str, ...],
     container: str | None,
@@ -185,10 +193,14 @@ def submit_command(
         "cpus": cpus,
         "memory": memory,
         "max_cost": max_cost,
+        "cloud": cloud,
+        "region": region,
         "working_dir": working_dir,
         "container": container,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
+    if data:
+        body["data"] = list(data)
     if environment:
         pairs = [item.partition("=") for item in environment]
         if any(not sep for _name, sep, _value in pairs):

@@ -27,7 +27,7 @@ slurm-rootfs: venv  ## build (or find cached) the root filesystem of a chroot ve
 # goes down whatever failed. One module runs on the host's box only, so not here: the
 # box's cloud (State=CLOUD nodes against moto, GPUCREDIT_BOX_CLOUD=1). The jobs API runs
 # on each: the submitter on 22.05, the box's slurmrestd on 24.11 and 26.05.
-HOST_BOX_ONLY := tests/slurm/test_slurm_cloud.py
+HOST_BOX_ONLY := tests/slurm/test_slurm_cloud.py tests/slurm/test_slurm_staging.py
 SLURM_VERSIONS ?= 24.11 26.05
 SLURM_VERSION_MODULES := tests/slurm/test_slurm_versions.py tests/slurm/test_slurm_versions_e2e.py
 .PHONY: test-slurm-versions

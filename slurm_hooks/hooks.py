@@ -99,7 +99,10 @@ SETTINGS_KEYS = (
     ("slurm", "cluster"),
     ("slurm", "bin_dir"),
     ("agent", "spool_dir"),
+    ("agent", "send_to"),
+    ("agent", "munge_socket"),
     ("hooks", "log_file"),
+    ("hooks", "stage_dir"),
 )
 SETTINGS_VARIABLE = "GPUCREDIT_HOOK_SETTINGS"
 
@@ -213,8 +216,8 @@ class HookConfig:
     """
 
     __slots__ = (
-        "bin_dir", "cluster", "log_file", "on_ledger_unreachable", "socket_path", "socket_paths",
-        "spool_dir", "timeout_seconds",
+        "bin_dir", "cluster", "log_file", "munge_socket", "on_ledger_unreachable", "send_to",
+        "socket_path", "socket_paths", "spool_dir", "stage_dir", "timeout_seconds",
     )  # fmt: skip
 
     def __init__(
@@ -229,6 +232,10 @@ class HookConfig:
         log_file: str | None = None,
         # Daemons to try in order within one deadline (two controllers); default [socket_path].
         socket_paths: Sequence[str] | None = None,
+        # A cloud node's stage-in (stage_in.py): where jobs' data go, and the daemons asked.
+        stage_dir: str | None = None,
+        send_to: Sequence[str] = (),
+        munge_socket: str | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.socket_paths = tuple(socket_paths) if socket_paths else (socket_path,)
@@ -238,6 +245,9 @@ class HookConfig:
         self.bin_dir = bin_dir
         self.spool_dir = spool_dir
         self.log_file = log_file
+        self.stage_dir = stage_dir
+        self.send_to = tuple(send_to)
+        self.munge_socket = munge_socket
 
     @property
     def scontrol(self) -> str:
@@ -338,6 +348,9 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
     def is_path_list(value: Any) -> bool:
         return isinstance(value, list) and 0 < len(value) <= 8 and all(is_path(v) for v in value)
 
+    def is_address_list(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) and ":" in v for v in value)
+
     cluster = pick(slurm, "cluster", None, lambda v: isinstance(v, str) and v != "")
     # daemon.sockets (two controllers) names every daemon to try, primary first.
     sockets = pick(daemon, "sockets", None, is_path_list)
@@ -352,6 +365,9 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
             bin_dir=pick(slurm, "bin_dir", defaults.bin_dir, is_path),
             spool_dir=pick(agent, "spool_dir", defaults.spool_dir, is_path),
             log_file=pick(_table(data, "hooks"), "log_file", None, is_path),
+            stage_dir=pick(_table(data, "hooks"), "stage_dir", None, is_path),
+            send_to=pick(agent, "send_to", (), is_address_list),
+            munge_socket=pick(agent, "munge_socket", None, is_path),
         ),
         problems,
     )
@@ -717,17 +733,23 @@ class _Hook:
         if node is None:
             self.log("SLURMD_NODENAME not set; nothing registered")
             return 0
+        self._register_gpus(node)
+        if self.config.stage_dir and self.config.send_to:
+            self._stage_in(node, self.config.stage_dir)
+        return 0
+
+    def _register_gpus(self, node: str) -> None:
         try:
             node_gpus = self.node_gpus()
         except (CommandError, SlurmTextError) as e:
             self.log(f"scontrol failed ({e}); GPUs of node {node} not registered")
-            return 0
+            return
         # Index -> type from scontrol: node-hook SLURM_JOB_GPUS is wrong for
         # jobs with two GPU types in 22.05.
         gpus = node_gpus.get(node, {})
         if not gpus:
             self.log(f"no GPUs on node {node}; nothing registered")
-            return 0
+            return
         record = self._record(node, gpus)
         path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
         # The agent reads this file itself: a node talks to no daemon (compute nodes
@@ -738,13 +760,50 @@ class _Hook:
         except OSError as e:
             written = f"cannot write {path} ({e})"
         self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {written}")
-        return 0
+
+    def _stage_in(self, node: str, stage_dir: str) -> None:
+        """The job's data, where it has some and runs in a cloud partition (stage_in.py)."""
+        # Imported here: only a node that stages pays for it.
+        from slurm_hooks import stage_in
+
+        user = self.environ.get("SLURM_JOB_USER", "")
+        partition = self.environ.get("SLURM_JOB_PARTITION", "")
+        ask = {"cluster": self.cluster, "job_id": self.job_id, "run": self.run_index, "user": user}
+        try:
+            plan = stage_in.ask(
+                self.config.send_to,
+                self.config.munge_socket,
+                {"v": 1, "node": node, "stage": {**ask, "partition": partition}},
+                self.config.timeout_seconds,
+            )
+            if not plan or not plan.get("paths"):
+                return
+            folder = stage_in.job_folder(stage_dir, node, self.job_id)
+            files, size, milliseconds, error = stage_in.stage(folder, user, plan["paths"])
+            staged = {"data_id": plan["data_id"], "run": self.run_index, "files": files, "bytes": size}
+            staged |= {"milliseconds": milliseconds, "error": error}
+            stage_in.ask(
+                self.config.send_to,
+                self.config.munge_socket,
+                {"v": 1, "node": node, "staged": staged},
+                self.config.timeout_seconds,
+            )
+        except stage_in.StageError as e:
+            self.log(f"stage-in not done: {e}")
+            return
+        except OSError as e:  # the stage folder: the job starts without its data
+            self.log(f"stage-in into {stage_dir} failed: {e}")
+            return
+        said = f"failed: {error}" if error else "done"
+        self.log(f"staged {files} files, {size} bytes in {milliseconds} ms to {folder}: {said}")
 
     def epilog(self) -> int:
         node = self._node()
         if node is None:
             self.log("SLURMD_NODENAME not set; nothing to unregister")
             return 0
+        if self.config.stage_dir:
+            _remove_stage(self.config.stage_dir, node, self.job_id)
         # After a requeue the Epilog already sees the next run's SLURM_JOB_RESTART_COUNT
         # (measured on 22.05): the run that ended is the latest one registered here.
         path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
@@ -774,6 +833,13 @@ class _Hook:
         record = self._record(node, gpus)
         self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {source}")
         return 0
+
+
+def _remove_stage(stage_dir: str, node: str, job_id: int) -> None:
+    import shutil  # only a node that stages pays for it
+
+    folder = os.path.join(stage_dir.replace("%n", node), f"job_{job_id}")
+    shutil.rmtree(folder, ignore_errors=True)  # fd-based: a user's link inside is not followed
 
 
 def _index_text(gpus: Mapping[str, str]) -> str:

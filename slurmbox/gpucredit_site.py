@@ -51,6 +51,8 @@ PORTAL_PORT = 8088
 PORTAL_PID_FILE = Path("/run/gpucredit/portal.pid")
 SUBMITTER_PID_FILE = Path("/run/gpucredit/submitter.pid")
 SUBMITTER_SOCKET = Path("/run/gpucredit/submitter.sock")
+AGENT_PORT = 9468  # the daemon's agent_listen: the nodes' stage-ins
+STAGE_DIR = Path("/var/spool/gpucredit/stage")  # a cloud job's data, per node
 DEMO_PRICES = {"a100": "2.00", "h100": "3.60"}  # credits per GPU-hour, as in the README
 # In the cloud partitions (docs/routing.md): each region its own prices.
 DEMO_CLOUD_PRICES = {"cloud": {"a100": "3.00", "h100": "5.40"}, "burst": {"a100": "2.80", "h100": "4.80"}}
@@ -74,10 +76,17 @@ burst_after_seconds = 5
 
 def config_text(portal_port: int = PORTAL_PORT, slurmrestd: str | None = None) -> str:
     """The box's config: the portal's jobs through the submitter (22.05), or through
-    `slurmrestd` with tokens the submitter signs with the box's JWT key (the chroot boxes)."""
+    `slurmrestd` with tokens the submitter signs with the box's JWT key (the chroot boxes).
+    The host's box stages a cloud job's data (docs/api.md, "Data"): its nodes' Prolog asks
+    the daemon over the agents' channel (the backup daemon finds the port taken, and says so)."""
     jobs = f'submitter_socket = "{SUBMITTER_SOCKET}"'
+    listen = staging = send_to = ""
     if slurmrestd is not None:
         jobs += f'\njobs_backend = "slurmrestd"\nslurmrestd_url = "{slurmrestd}"'
+    else:
+        listen = f'agent_listen = "127.0.0.1:{AGENT_PORT}"\n'
+        staging = f'stage_dir = "{STAGE_DIR}/%n"\n'
+        send_to = f'send_to = ["127.0.0.1:{AGENT_PORT}"]\n'
     return f"""# gpucredit on the Slurm box (written by `make slurm-up`; edit freely, it is kept)
 [database]
 url = "sqlite:///{LEDGER}"
@@ -86,7 +95,7 @@ url = "sqlite:///{LEDGER}"
 socket = "{SOCKET}"
 sockets = ["{SOCKET}", "{BACKUP_SOCKET}"]
 metrics_port = 0
-
+{listen}
 [policy]
 on_ledger_unreachable = "reject"
 
@@ -95,10 +104,10 @@ cluster = "lab"
 
 [hooks]
 log_file = "{LOG_DIR / "hooks.log"}"
-
+{staging}
 [agent]
 spool_dir = "/var/spool/gpucredit/%n"
-
+{send_to}
 [portal]
 url = "http://127.0.0.1:{portal_port}/"
 port = {portal_port}

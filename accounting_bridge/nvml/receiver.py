@@ -8,7 +8,8 @@ receiver believes it only when:
 - it is at most CREDENTIAL_TTL_SECONDS old by this host's clock (a replay after munged
   restarted, which empties its cache, is refused too);
 
-and then writes its rows with `ledger.api.add_gpu_usage` in one transaction. The answer
+and then writes its rows with `ledger.api.add_gpu_usage` in one transaction (or, for a
+cloud node's stage-in, answers or records it: stage_wire.py). The answer
 to a credential it wrote is kept until the credential expires: the agent resends a
 credential whose answer it lost, and gets the first answer again, nothing written twice.
 Refusals name what failed (`unauthenticated`, `expired`, `replayed`, `forbidden`,
@@ -26,6 +27,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Collection
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -38,6 +40,7 @@ from accounting_bridge.nvml.munge import (
     Munge,
     MungeError,
 )
+from accounting_bridge.nvml.stage_wire import answer_stage, is_stage_payload
 from ledger.api import add_gpu_usage
 from ledger.errors import LedgerError
 
@@ -71,8 +74,10 @@ class UsageReceiver:
         allowed: Collection[int] = frozenset({0}),
         clock: Callable[[], float] = time.time,
         writers: int = 2,
+        cloud_partitions: Collection[str] = frozenset(),
     ) -> None:
         self.munge = munge
+        self.cloud_partitions = frozenset(cloud_partitions)
         self.sessions = sessions
         self.allowed = frozenset(allowed)
         self.clock = clock
@@ -107,22 +112,33 @@ class UsageReceiver:
                 f"credential made {int(now - decoded.encoded_at)} s ago (at most {CREDENTIAL_TTL_SECONDS})",
             )
         try:
-            node, deltas = decode_usage(decoded.payload)
+            document = json.loads(decoded.payload)
+        except ValueError:
+            document = None
+        rows = 0
+        try:
+            if is_stage_payload(document):
+                with self._writers, self.sessions() as s, s.begin():
+                    result = answer_stage(s, document, self.cloud_partitions, datetime.now(UTC))
+                node = str(document.get("node"))
+            else:
+                node, deltas = decode_usage(decoded.payload)
+                with self._writers, self.sessions() as s, s.begin():
+                    rows = add_gpu_usage(s, deltas)
+                result = {"rows": rows}
         except ValueError as error:
             return self._refused(peer, "bad_request", str(error))
-        try:
-            with self._writers, self.sessions() as s, s.begin():
-                rows = add_gpu_usage(s, deltas)
         except LedgerError as error:
             return self._refused(peer, error.code, error.message)
         except Exception as error:  # the database: nothing written, the agent sends again
-            log.error("agent usage from %s (%s) not written: %s", node, peer, error)
+            log.error("agent message from %s not written: %s", peer, error)
             return _error("unavailable", "the ledger database is unavailable")
-        reply = {"ok": True, "result": {"rows": rows}}
+        reply = {"ok": True, "result": result}
+        log.debug("agent message from %s (%s) answered", node, peer)
         with self._lock:
             self._answered[digest] = (decoded.encoded_at + CREDENTIAL_TTL_SECONDS + CLOCK_SKEW_SECONDS, reply)
             self.rows_written += rows
-            self.batches_written += 1
+            self.batches_written += 1 if "rows" in result else 0
             if len(self._answered) > 1024:
                 self._answered = {k: v for k, v in self._answered.items() if v[0] >= now}
         return reply

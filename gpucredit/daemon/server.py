@@ -489,7 +489,9 @@ class Daemon:
             threading.Thread(target=self.burst.run_forever, args=(stop, every), daemon=True).start()
         every = max(release_interval or 2.0, RETRY_PASS_SECONDS)
         threading.Thread(target=self.retries.run_forever, args=(stop, every), daemon=True).start()
-        self.agents = _agent_receiver(self.config, self.sessions, owner, stop)
+        self.agents = _agent_receiver(
+            self.config, self.sessions, owner, stop, self.routing.cloud_partitions()
+        )
         port = daemon_metrics.metrics_port(self.config)
         stop_metrics = self.metrics.serve(port) if self.metrics is not None and port else (lambda: None)
         try:  # so the first quote does not wait on the database either
@@ -534,7 +536,11 @@ class Daemon:
 
 
 def _agent_receiver(
-    config: dict[str, Any], sessions: Any, socket_user: str | None, stop: threading.Event
+    config: dict[str, Any],
+    sessions: Any,
+    socket_user: str | None,
+    stop: threading.Event,
+    cloud_partitions: frozenset[str] = frozenset(),
 ) -> Any:
     """The GPU nodes' agents send their samples here, MUNGE-signed, when `daemon.agent_listen`
     (host:port) is set (accounting_bridge/nvml/receiver.py). A bad address stops the daemon
@@ -552,7 +558,10 @@ def _agent_receiver(
         raise ValueError(f"daemon.agent_listen: {error}") from None
     try:
         receiver = UsageReceiver(
-            Munge(socket=config["daemon"].get("munge_socket")), sessions, allowed=allowed_uids(socket_user)
+            Munge(socket=config["daemon"].get("munge_socket")),
+            sessions,
+            allowed=allowed_uids(socket_user),
+            cloud_partitions=cloud_partitions,
         )
         receiver.serve(host, port, stop)
     except (OSError, MungeUnavailable) as error:

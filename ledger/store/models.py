@@ -470,6 +470,42 @@ class Retry(Base):
     created_at: Mapped[Timestamp]
 
 
+class JobData(Base):
+    """The paths a job asked to have staged to its cloud nodes, kept when the portal
+    submitted it (ledger.jobs.staging); matched to the job as a retry policy is."""
+
+    __tablename__ = "job_data"
+    __table_args__ = (Index(None, "cluster", "job_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    user: Mapped[Name]
+    paths: Mapped[str] = mapped_column(Text)  # a JSON list of absolute paths
+    created_at: Mapped[Timestamp]
+
+
+class Staging(Base):
+    """One stage-in of a job's data: what a node's Prolog copied for one run, and how long
+    it took (or why it could not). Written once per run and node."""
+
+    __tablename__ = "stagings"
+    __table_args__ = (
+        UniqueConstraint("data_id", "run", "node"),
+        CheckConstraint("files >= 0 AND bytes >= 0 AND milliseconds >= 0", name="figures"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data_id: Mapped[int] = mapped_column(ForeignKey("job_data.id"))
+    run: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(128))
+    files: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    milliseconds: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    created_at: Mapped[Timestamp]
+
+
 class Cursor(Base):
     """Where an incremental reader (e.g. `bridge sacct`) stopped; restart-safe."""
 

@@ -24,6 +24,8 @@ inside the ledger: other packages read and change money through `ledger.api`
     spent_credentials_t  MUNGE credentials the portal accepted, until they expire
     retry_policies_t  jobs' retry policies, kept when the portal submitted them
     retries_t         each retry the daemon decided, one per failed run
+    job_data_t        paths jobs asked to have staged to their cloud nodes
+    stagings_t        each stage-in a node's Prolog made of them
     payments_t        credit bought, pending until paid
     payment_events_t  each payment provider event, once
     pools_t           parents sharing their credit with their children
@@ -43,6 +45,7 @@ from ledger.store.models import (
     Hold,
     HoldAllocation,
     IdempotencyKey,
+    JobData,
     JobRun,
     Limit,
     Member,
@@ -56,6 +59,7 @@ from ledger.store.models import (
     Retry,
     RetryPolicy,
     SpentCredential,
+    Staging,
     table_of,
 )
 
@@ -78,6 +82,8 @@ tokens_t = table_of(ApiToken)
 spent_credentials_t = table_of(SpentCredential)
 retry_policies_t = table_of(RetryPolicy)
 retries_t = table_of(Retry)
+job_data_t = table_of(JobData)
+stagings_t = table_of(Staging)
 payments_t = table_of(Payment)
 payment_events_t = table_of(PaymentEvent)
 pools_t = table_of(Pool)

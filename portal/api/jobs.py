@@ -23,7 +23,7 @@ from portal.api.registry import Call, body_schema, endpoint
 from portal.api.schemas import GPUS, NAME, nullable, obj
 from portal.jobs import service
 from portal.jobs.spec import GPUS as GPUS_PATTERN
-from portal.jobs.spec import JOB_NAME, MAX_COST, MAX_CPUS, MAX_SCRIPT_BYTES, MEMORY, check_spec
+from portal.jobs.spec import JOB_NAME, MAX_COST, MAX_CPUS, MAX_SCRIPT_BYTES, MEMORY, REGION, check_spec
 from portal.store import transaction
 
 USERS = ("user", "admin")
@@ -89,6 +89,11 @@ SUBMIT = body_schema(
             "enum": ["yes", "no"],
             "description": "may it run in a cloud partition (docs/routing.md); default: the account's",
         },
+        "region": {
+            "type": "string",
+            "pattern": REGION,
+            "description": "the only cloud region it may run in (docs/routing.md); default: the account's",
+        },
         "working_dir": {
             "type": "string",
             "maxLength": 4096,
@@ -106,6 +111,14 @@ SUBMIT = body_schema(
             "runs in it (sbatch --container; the site's oci.conf names the runtime)",
         },
         "retry": RETRY_POLICY,
+        "data": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 1024},
+            "minItems": 1,
+            "maxItems": 32,
+            "description": "absolute paths a cloud node copies, as the job's user, before the job "
+            "starts (docs/api.md, Data)",
+        },
     },
 )
 SUBMIT["example"] = {
@@ -144,6 +157,13 @@ JOB = obj(
         "estimated_total": nullable({"type": "string"}),
         "attempts": {"type": "array", "items": ATTEMPT},
         "retry": RETRY,
+        "data": nullable(
+            {
+                "type": "object",
+                "description": "the paths it asked to have staged, and each stage-in: run, node, "
+                "files, bytes, seconds, error, at",
+            }
+        ),
     },
 )
 SUBMITTED = obj(

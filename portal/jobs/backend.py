@@ -121,11 +121,13 @@ class JobSpec:
     environment: dict[str, str] = field(default_factory=dict)
     max_cost: str | None = None  # credits: job_submit routes under it (gpucredit:max_cost=)
     cloud: str | None = None  # "yes" | "no": may job_submit route it to the cloud (gpucredit:cloud=)
+    region: str | None = None  # the only cloud region it may run in (gpucredit:region=)
     retry: RetryPolicy | None = None  # kept in the ledger; the daemon's retry pass acts on it
+    data: tuple[str, ...] = ()  # kept in the ledger; a cloud node's Prolog stages them
 
     def as_request(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"account": self.account, "gpus": self.gpus, "time_limit": self.time_limit}
-        for name in ("name", "cpus", "memory", "working_dir", "container", "max_cost", "cloud"):
+        for name in ("name", "cpus", "memory", "working_dir", "container", "max_cost", "cloud", "region"):
             if getattr(self, name) is not None:
                 spec[name] = getattr(self, name)
         if self.environment:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from ledger import api
 from ledger.errors import NotFound
 from ledger.jobs.retries import JobRetries, keep_retry_policy, policies_of
+from ledger.jobs.staging import job_data, keep_job_data
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 from portal.auth import Forbidden, Principal, accounts_of, own_user
@@ -132,6 +133,9 @@ def submit(
         if spec.retry is not None:  # its user and time tell this job from an older one of its id
             keep_retry_policy(s, _cluster(), submitted.job_id, who.user, spec.retry, utcnow())
             result["retry"] = spec.retry.as_dict()
+        if spec.data:  # staged by a cloud node's Prolog, which asks for them by job
+            keep_job_data(s, _cluster(), submitted.job_id, who.user, spec.data, utcnow())
+            result["data"] = list(spec.data)
         api.keep_result(s, spec.account, key, "job_submit", keyed_body, result)
     return result
 
@@ -250,7 +254,15 @@ def job_view(
         "estimated_total": format_credits(latest.amount_ucredits) if running and latest else None,
         "attempts": attempts,
         "retry": None if retry is None else retry.as_dict(),
+        "data": _data_of(s, job),
     }
+
+
+def _data_of(s: Session, job: SlurmJob) -> dict[str, Any] | None:
+    """The paths the job asked to have staged and each stage-in made (the newest kept for
+    its id by its user: a reused id's older job of the same user may show its own)."""
+    kept = job_data(s, _cluster(), [job.job_id]).get(job.job_id)
+    return None if kept is None or kept.user != job.user else kept.as_dict()
 
 
 def _duration(seconds: int | None) -> str | None:

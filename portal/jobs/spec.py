@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from ledger import api
 from ledger.errors import InvalidInput, LedgerError
 from ledger.jobs.retries import RetryPolicy
+from ledger.jobs.staging import check_data_paths
 from ledger.timeutil import parse_slurm_duration
 from portal.auth import Principal, accounts_of
 from portal.jobs.backend import JobSpec
@@ -32,12 +33,14 @@ GPUS = r"^[A-Za-z0-9_.\-]{1,32}:[0-9]{1,3}$"
 JOB_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 MEMORY = r"^[0-9]{1,9}[KMGT]?$"
 MAX_COST = r"^[0-9]{1,13}(\.[0-9]{1,6})?$"
+REGION = r"^[a-z][a-z0-9-]{0,31}$"
 CLOUD = ("yes", "no")  # gpucredit:cloud= in the job's comment (docs/routing.md)
 # What each optional text field must look like, and the words a refusal uses.
 PATTERNS = {
     "name": (JOB_NAME, "must be 1 to 64 letters, digits, '_', '.' or '-'"),
     "memory": (MEMORY, "must be a number with an optional K, M, G or T (like 16G)"),
     "max_cost": (MAX_COST, "must be credits, like 25 or 12.5"),
+    "region": (REGION, "must be a region name, like us-west-2"),
 }
 # The ledger's codes for a GPU request it cannot price: the gpus field's fault.
 GPU_CODES = ("invalid_input", "unknown_gres", "invalid_gpus")
@@ -102,6 +105,7 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
             ("SBATCH_", "SLURM_", "LD_", "GPUCREDIT_")
         ):
             raise refuse("environment", f"{name} may not be set")
+    data = body.get("data")
     retry = body.get("retry")
     if retry is not None and not isinstance(retry, dict):
         raise refuse("retry", "must be an object: max, on, backoff_seconds")
@@ -118,7 +122,9 @@ def check_spec(body: dict[str, Any], *, script: bool = True) -> tuple[JobSpec, i
         environment=dict(body.get("environment") or {}),
         max_cost=body.get("max_cost"),
         cloud=body.get("cloud"),
+        region=body.get("region"),
         retry=None if retry is None else RetryPolicy.from_body(retry),
+        data=() if data is None else check_data_paths(data),
     )
     return spec, seconds
 
@@ -136,9 +142,18 @@ def quote_spec(s: Session, spec: JobSpec, seconds: int) -> dict[str, Any]:
     try:
         quote = dict(api.quote(s, spec.account, spec.gpus, seconds))
         placement = api.route_quote(
-            s, routing_of(current_app), spec.account, spec.gpus, seconds, max_cost=spec.max_cost, cloud=cloud
+            s,
+            routing_of(current_app),
+            spec.account,
+            spec.gpus,
+            seconds,
+            max_cost=spec.max_cost,
+            cloud=cloud,
+            region=spec.region,
         )
     except LedgerError as error:
+        if (error.details or {}).get("field") == "region":
+            raise refuse("region", error.message.removeprefix("region: ")) from None
         if error.code in GPU_CODES:
             raise refuse("gpus", error.message) from None
         raise

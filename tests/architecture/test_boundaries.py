@@ -36,6 +36,7 @@ PUBLIC: dict[str, frozenset[str] | None] = {
     "ledger.jobs.jobruns": None,  # the bridge's projections (job_runs, cursors) and bulk hold reads
     "ledger.jobs.jobrun_records": None,  # the bridge's one compact read of stored runs per batch
     "ledger.jobs.retries": None,  # jobs' retry policies: the portal keeps them, the daemon acts
+    "ledger.jobs.staging": None,  # jobs' data: the portal keeps the paths, the daemon answers nodes
     "ledger.errors": None,
     "ledger.money": frozenset({"format_credits", "parse_credits", "format_rate"}),  # the edge only
     "ledger.timeutil": None,

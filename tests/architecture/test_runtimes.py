@@ -51,6 +51,8 @@ def test_daemon_side_code_is_not_in_the_hook_package() -> None:
     """The daemon's hold/settle answers and the admin CLI used to sit beside the hooks."""
     top_level = {path.stem for path in (ROOT / "slurm_hooks").glob("*.py")}
     # outage_spool is the hooks' own: PrologSlurmctld appends to it when the ledger is down;
-    # jobinfo, squeue and scontrol read the job the hooks run for.
-    assert top_level == {"__init__", "client", "hooks", "jobinfo", "outage_spool", "scontrol", "squeue"}
+    # jobinfo, squeue and scontrol read the job the hooks run for; stage_in is the node
+    # Prolog's copy of a cloud job's data.
+    expected = {"__init__", "client", "hooks", "jobinfo", "outage_spool", "scontrol", "squeue", "stage_in"}
+    assert top_level == expected
     assert (ROOT / "gpucredit" / "daemon" / "hook_service.py").exists()

@@ -281,3 +281,23 @@ def test_a_bad_retry_policy_is_refused_naming_its_field_and_nothing_is_submitted
     assert (error["code"], error["details"]["field"]) == ("invalid_input", field), error
     assert error["message"].startswith(f"{field}: "), error
     assert fake.submits == []
+
+
+def test_data_to_stage_is_kept_with_the_job_and_shown_with_its_stage_ins(
+    client: FlaskClient, site: Site, fake: FakeBackend
+) -> None:
+    paths = ["/home/bob/set.tar", "/home/bob/cfg.yaml"]
+    answer = post(client, site, "bob", {**BODY, "data": paths, "region": "us-west-2"} | {"cloud": "yes"})
+    assert answer.status_code == 422  # the seeded site has no partition in any region
+    assert answer.get_json()["error"]["details"] == {"field": "region"}
+    answer = post(client, site, "bob", {**BODY, "data": paths})
+    assert answer.status_code == 201, answer.get_json()
+    assert answer.get_json()["data"] == paths
+    [(_, spec)] = fake.submits
+    assert spec.data == tuple(paths)
+    shown = client.get(f"/api/v1/jobs/{answer.get_json()['job_id']}", headers=bearer(site.tokens["bob"]))
+    assert shown.get_json()["data"] == {"paths": paths, "staged": []}
+    for bad, field in (([], "data"), (["set.tar"], "data"), ("/home/bob/set.tar", "data")):
+        refused = post(client, site, "bob", {**BODY, "data": bad})
+        assert (refused.status_code, refused.get_json()["error"]["details"]["field"]) == (422, field)
+    assert len(fake.submits) == 1

@@ -120,3 +120,32 @@ def test_submit_with_retries_sends_the_policy(
     code, out, err = run(url, site.tokens["bob"], *base, "--retry", "11", "--retry-on", "exit:1")
     assert code != 0 and "retry.max" in err, (out, err)
     assert len(backend.submits) == 2
+
+
+def test_submit_with_cloud_region_and_data_sends_them(
+    served: tuple[str, FakeBackend], site: Site, tmp_path: Path
+) -> None:
+    url, backend = served
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\npython train.py\n")
+    base = [
+        "submit",
+        str(script),
+        "-A",
+        "physics",
+        "--gpus",
+        "h100:1",
+        "--time",
+        "00:01:00",
+        "--cloud",
+        "yes",
+    ]
+    code, out, err = run(
+        url, site.tokens["bob"], *base, "--data", "/home/bob/set.tar", "--data", "/home/bob/cfg"
+    )
+    assert (code, out) == (0, "Submitted job 5001\n"), err
+    [(_user, spec)] = backend.submits
+    assert (spec.cloud, spec.region, spec.data) == ("yes", None, ("/home/bob/set.tar", "/home/bob/cfg"))
+    code, out, err = run(url, site.tokens["bob"], *base, "--region", "us-west-2")
+    assert code != 0 and "region: no cloud partition is in region us-west-2" in err, (out, err)
+    assert len(backend.submits) == 1

@@ -20,19 +20,26 @@ to install.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from flask import Flask
 
 from ledger import api, cli_support
 from ledger.money import format_credits
 from ledger.store.db import make_engine
 from ledger.timeutil import parse_time, utcnow
-from slurmbox import BoxError
+from portal.jobs.backend import SubmitterBackend
+from portal.jobs.submitter import Submitter, serve
+from slurmbox import BoxError, SlurmBox
+from slurmbox.chroot import ChrootBox
 from tests.support.cluster import E2E_SLURM, PRICES, Books, Box, Cluster, e2e_dir, make_box
+from tests.support.jobs_portal import rest_backend
+from tests.support.portal import bearer, make_app
 from tests.support.services import choose_e2e_ledger
 
 _notes: list[str] = []  # said once in the session summary
@@ -143,3 +150,48 @@ def cluster(slurm_box: Box, e2e_ledger_url: str) -> Iterator[Cluster]:
 @pytest.fixture
 def books(cluster: Cluster) -> Books:
     return Books(cluster, since=utcnow() - timedelta(seconds=2))
+
+
+# --------------------------------------------------------------------------- the portal
+# The portal of a module on its e2e ledger: through the root submitter on 22.05 (the
+# host's box), through the box's slurmrestd on the chroot boxes (test_slurm_jobs_api.py,
+# test_slurm_staging.py).
+
+
+@pytest.fixture(scope="module")
+def submitter(cluster: Cluster) -> Iterator[str]:
+    """The submitter for this process's uid (the portal runs in this process, as root
+    here: the peer check admits exactly that uid)."""
+    if not isinstance(cluster.box, SlurmBox):
+        pytest.skip("the submitter runs the host's sbatch; the chroot boxes (24.11, 26.05) use slurmrestd")
+    path = str(cluster.dir / "submitter.sock")
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=serve,
+        args=(path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
+        kwargs={"ready": ready, "stop": stop},
+        daemon=True,
+    )
+    thread.start()
+    assert ready.wait(10)
+    yield path
+    stop.set()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def portal(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Flask]:
+    app = make_app(cluster.url)
+    if isinstance(cluster.box, ChrootBox):
+        app.extensions["gpucredit.jobs_backend"] = rest_backend(cluster.box)
+    else:
+        app.extensions["gpucredit.jobs_backend"] = SubmitterBackend(request.getfixturevalue("submitter"))
+    yield app
+    app.extensions["gpucredit.engine"].dispose()
+
+
+@pytest.fixture(scope="module")
+def alice(cluster: Cluster, portal: Flask) -> dict[str, str]:
+    with cluster.tx() as s:
+        token = api.create_token(s, "alice", "user")[1]
+    return bearer(token)

@@ -10,8 +10,6 @@ Run under the box lock: flock /tmp/gpucredit-box.lock pytest -m slurm tests/slur
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,63 +26,15 @@ from ledger.jobs.retries import job_retries
 from ledger.money import charge_for, format_credits
 from ledger.store.tables import accounts_t, entries_t
 from portal.auth import Forbidden
-from portal.jobs.backend import SubmitterBackend
-from portal.jobs.rest import RestBackend
-from portal.jobs.submitter import Submitter, serve
-from slurmbox import SlurmBox
 from slurmbox.box import BUNDLE_DIR
-from slurmbox.chroot import JWT_KEY, ChrootBox
+from slurmbox.chroot import ChrootBox
 from slurmtext import parse_time
 from tests.support.cluster import PRICES, Cluster, sacct_runs
-from tests.support.portal import bearer, make_app
+from tests.support.jobs_portal import rest_backend
+from tests.support.portal import bearer
 
 pytestmark = pytest.mark.slurm
 SCRIPT = "#!/bin/sh\nsleep 2\necho job-says-done\n"
-
-
-@pytest.fixture(scope="module")
-def submitter(cluster: Cluster) -> Iterator[str]:
-    """The submitter for this process's uid (the portal runs in this process, as root
-    here: the peer check admits exactly that uid)."""
-    if not isinstance(cluster.box, SlurmBox):
-        pytest.skip("the submitter runs the host's sbatch; the chroot boxes (24.11, 26.05) use slurmrestd")
-    path = str(cluster.dir / "submitter.sock")
-    ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(
-        target=serve,
-        args=(path, os.getuid(), Submitter(min_uid=1000, bin_dir="/usr/bin")),
-        kwargs={"ready": ready, "stop": stop},
-        daemon=True,
-    )
-    thread.start()
-    assert ready.wait(10)
-    yield path
-    stop.set()
-    thread.join(10)
-
-
-def rest_backend(box: ChrootBox) -> RestBackend:
-    """The chroot box's slurmrestd, and its squeue/sacct for reading."""
-    assert box.rest_url is not None, f"the Slurm {box.version.name} box's root has no slurmrestd"
-    return RestBackend(box.rest_url, str(box.inside(JWT_KEY)), box.client_dir(), passwd=box.passwd)
-
-
-@pytest.fixture(scope="module")
-def portal(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Flask]:
-    app = make_app(cluster.url)
-    if isinstance(cluster.box, ChrootBox):
-        app.extensions["gpucredit.jobs_backend"] = rest_backend(cluster.box)
-    else:
-        app.extensions["gpucredit.jobs_backend"] = SubmitterBackend(request.getfixturevalue("submitter"))
-    yield app
-    app.extensions["gpucredit.engine"].dispose()
-
-
-@pytest.fixture(scope="module")
-def alice(cluster: Cluster, portal: Flask) -> dict[str, str]:
-    with cluster.tx() as s:
-        token = api.create_token(s, "alice", "user")[1]
-    return bearer(token)
 
 
 def submit(client: FlaskClient, headers: dict[str, str], account: str, script: str = SCRIPT) -> Any:
