@@ -104,7 +104,8 @@ def main() -> None:
     stage_s, copy_s = statistics.median(staged), statistics.median(copied)
     print(
         f"{args.files} files, {args.mib} MiB, {args.runs} runs: "
-        f"Prolog stage-in median {stage_s * 1000:.0f} ms (the copy it reported: {reported_ms:.0f} ms), cp -r {copy_s * 1000:.0f} ms; "
+        f"Prolog stage-in median {stage_s * 1000:.0f} ms (the copy it reported: {reported_ms:.0f} ms), "
+        f"cp -r {copy_s * 1000:.0f} ms; "
         f"{args.mib / stage_s:.0f} MiB/s staged"
     )
     report(
