@@ -103,6 +103,7 @@ SETTINGS_KEYS = (
     ("agent", "munge_socket"),
     ("hooks", "log_file"),
     ("hooks", "stage_dir"),
+    ("hooks", "stage_timeout_seconds"),
 )
 SETTINGS_VARIABLE = "GPUCREDIT_HOOK_SETTINGS"
 
@@ -217,7 +218,7 @@ class HookConfig:
 
     __slots__ = (
         "bin_dir", "cluster", "log_file", "munge_socket", "on_ledger_unreachable", "send_to",
-        "socket_path", "socket_paths", "spool_dir", "stage_dir", "timeout_seconds",
+        "socket_path", "socket_paths", "spool_dir", "stage_dir", "stage_timeout_seconds", "timeout_seconds",
     )  # fmt: skip
 
     def __init__(
@@ -236,6 +237,7 @@ class HookConfig:
         stage_dir: str | None = None,
         send_to: Sequence[str] = (),
         munge_socket: str | None = None,
+        stage_timeout_seconds: float = 600.0,
     ) -> None:
         self.socket_path = socket_path
         self.socket_paths = tuple(socket_paths) if socket_paths else (socket_path,)
@@ -248,6 +250,7 @@ class HookConfig:
         self.stage_dir = stage_dir
         self.send_to = tuple(send_to)
         self.munge_socket = munge_socket
+        self.stage_timeout_seconds = stage_timeout_seconds
 
     @property
     def scontrol(self) -> str:
@@ -348,6 +351,9 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
     def is_path_list(value: Any) -> bool:
         return isinstance(value, list) and 0 < len(value) <= 8 and all(is_path(v) for v in value)
 
+    def is_seconds(value: Any, most: float) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= most
+
     def is_address_list(value: Any) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) and ":" in v for v in value)
 
@@ -368,6 +374,9 @@ def load_config(environ: Mapping[str, str]) -> tuple[HookConfig, list[str]]:
             stage_dir=pick(_table(data, "hooks"), "stage_dir", None, is_path),
             send_to=pick(agent, "send_to", (), is_address_list),
             munge_socket=pick(agent, "munge_socket", None, is_path),
+            stage_timeout_seconds=float(
+                pick(_table(data, "hooks"), "stage_timeout_seconds", 600, lambda v: is_seconds(v, 86400))
+            ),
         ),
         problems,
     )
@@ -767,35 +776,53 @@ class _Hook:
         from slurm_hooks import stage_in
 
         user = self.environ.get("SLURM_JOB_USER", "")
-        partition = self.environ.get("SLURM_JOB_PARTITION", "")
-        ask = {"cluster": self.cluster, "job_id": self.job_id, "run": self.run_index, "user": user}
+        job = {"cluster": self.cluster, "job_id": self.job_id, "user": user}
+        ask = {
+            "v": 1,
+            "node": node,
+            "stage": {**job, "run": self.run_index, "partition": self.environ.get("SLURM_JOB_PARTITION", "")},
+        }
+        deadline = time.monotonic() + stage_in.PENDING_WAIT_SECONDS
         try:
-            plan = stage_in.ask(
-                self.config.send_to,
-                self.config.munge_socket,
-                {"v": 1, "node": node, "stage": {**ask, "partition": partition}},
-                self.config.timeout_seconds,
-            )
-            if not plan or not plan.get("paths"):
-                return
-            folder = stage_in.job_folder(stage_dir, node, self.job_id)
-            files, size, milliseconds, error = stage_in.stage(folder, user, plan["paths"])
-            staged = {"data_id": plan["data_id"], "run": self.run_index, "files": files, "bytes": size}
-            staged |= {"milliseconds": milliseconds, "error": error}
-            stage_in.ask(
-                self.config.send_to,
-                self.config.munge_socket,
-                {"v": 1, "node": node, "staged": staged},
-                self.config.timeout_seconds,
-            )
+            plan = self._ask_daemon(stage_in, ask)
+            while isinstance(plan, dict) and plan.get("pending") and time.monotonic() < deadline:
+                time.sleep(0.5)  # its paths are kept, its id not bound yet: sbatch just answered
+                plan = self._ask_daemon(stage_in, ask)
         except stage_in.StageError as e:
             self.log(f"stage-in not done: {e}")
             return
+        if not isinstance(plan, dict) or not plan.get("paths"):
+            return
+        try:
+            folder, files, size, milliseconds, error = stage_in.stage(
+                stage_dir, node, self.job_id, user, plan["paths"], self.config.stage_timeout_seconds
+            )
         except OSError as e:  # the stage folder: the job starts without its data
             self.log(f"stage-in into {stage_dir} failed: {e}")
             return
         said = f"failed: {error}" if error else "done"
         self.log(f"staged {files} files, {size} bytes in {milliseconds} ms to {folder}: {said}")
+        staged = {**job, "data_id": plan.get("data_id"), "run": self.run_index, "files": files, "bytes": size}
+        try:
+            self._ask_daemon(
+                stage_in,
+                {"v": 1, "node": node, "staged": {**staged, "milliseconds": milliseconds, "error": error}},
+            )
+        except stage_in.StageError as e:
+            self.log(f"stage-in done but not recorded: {e}")
+
+    def _remove_stage(self, node: str, stage_dir: str) -> None:
+        from slurm_hooks import stage_in  # only a node that stages pays for it
+
+        try:
+            stage_in.remove(stage_dir, node, self.job_id)
+        except OSError as e:
+            self.log(f"stage folder of job {self.job_id} not removed: {e}")
+
+    def _ask_daemon(self, stage_in: Any, document: dict[str, Any]) -> Any:
+        return stage_in.ask(
+            self.config.send_to, self.config.munge_socket, document, self.config.timeout_seconds
+        )
 
     def epilog(self) -> int:
         node = self._node()
@@ -803,7 +830,7 @@ class _Hook:
             self.log("SLURMD_NODENAME not set; nothing to unregister")
             return 0
         if self.config.stage_dir:
-            _remove_stage(self.config.stage_dir, node, self.job_id)
+            self._remove_stage(node, self.config.stage_dir)
         # After a requeue the Epilog already sees the next run's SLURM_JOB_RESTART_COUNT
         # (measured on 22.05): the run that ended is the latest one registered here.
         path = registry_path(self.config.spool_dir, node, self.cluster, self.job_id, self.run_index)
@@ -833,13 +860,6 @@ class _Hook:
         record = self._record(node, gpus)
         self.log(f"node {node} GPUs {_index_text(record['gpus'])}: {source}")
         return 0
-
-
-def _remove_stage(stage_dir: str, node: str, job_id: int) -> None:
-    import shutil  # only a node that stages pays for it
-
-    folder = os.path.join(stage_dir.replace("%n", node), f"job_{job_id}")
-    shutil.rmtree(folder, ignore_errors=True)  # fd-based: a user's link inside is not followed
 
 
 def _index_text(gpus: Mapping[str, str]) -> str:

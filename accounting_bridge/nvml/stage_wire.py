@@ -5,10 +5,14 @@ payload names its kind:
 
     {"v": 1, "node": "cloud1", "stage": {"cluster", "job_id", "run", "user", "partition"}}
         -> {"ok": true, "result": {"data_id": 7, "paths": ["/data/set.tar", ...]}}
-           ({"data_id": null, "paths": []}: nothing to stage, or not a cloud partition)
-    {"v": 1, "node": "cloud1", "staged": {"data_id", "run", "files", "bytes",
-                                          "milliseconds", "error"}}
+           ({"data_id": null, "paths": []}: nothing to stage, or not a cloud partition;
+            "pending": true as well while the user has paths being submitted: ask again)
+    {"v": 1, "node": "cloud1", "staged": {"data_id", "cluster", "job_id", "user", "run",
+                                          "files", "bytes", "milliseconds", "error"}}
         -> {"ok": true, "result": {"recorded": true}}   (false: that run and node had one)
+
+A report names its job, and is refused (bad_request) unless the paths it reports on are
+that job's: a credential of another node's root cannot write another job's record.
 
 Only jobs in partitions tagged `site = "cloud"` are staged: the on-premise nodes share
 the site's file systems.
@@ -22,12 +26,22 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ledger.jobs.staging import Staged, data_to_stage, record_staged
+from ledger.errors import InvalidInput
+from ledger.jobs.staging import Staged, data_pending, data_to_stage, record_staged
 
 __all__ = ["answer_stage", "is_stage_payload"]
 
 _ASK = {"cluster": str, "job_id": int, "run": int, "user": str, "partition": str}
-_STAGED = {"data_id": int, "run": int, "files": int, "bytes": int, "milliseconds": int}
+_STAGED = {
+    "data_id": int,
+    "cluster": str,
+    "job_id": int,
+    "user": str,
+    "run": int,
+    "files": int,
+    "bytes": int,
+    "milliseconds": int,
+}
 
 
 def is_stage_payload(document: object) -> bool:
@@ -46,17 +60,19 @@ def answer_stage(
         if ask["partition"] not in cloud_partitions:
             return {"data_id": None, "paths": []}
         found = data_to_stage(s, ask["cluster"], ask["job_id"], ask["user"])
-        return (
-            {"data_id": None, "paths": []}
-            if found is None
-            else {"data_id": found.data_id, "paths": list(found.paths)}
-        )
+        if found is not None:
+            return {"data_id": found.data_id, "paths": list(found.paths)}
+        return {"data_id": None, "paths": [], "pending": data_pending(s, ask["cluster"], ask["user"], now)}
     told = _fields(document["staged"], _STAGED, "staged")
     error = document["staged"].get("error")
     if error is not None and not isinstance(error, str):
         raise ValueError("staged.error is text or null")
     staged = Staged(told["run"], node, told["files"], told["bytes"], told["milliseconds"], error, now)
-    return {"recorded": record_staged(s, told["data_id"], staged)}
+    try:
+        recorded = record_staged(s, told["data_id"], told["cluster"], told["job_id"], told["user"], staged)
+    except InvalidInput as refused:
+        raise ValueError(refused.message) from None
+    return {"recorded": recorded}
 
 
 def _fields(body: object, types: Mapping[str, type], name: str) -> dict[str, Any]:

@@ -1,6 +1,12 @@
 """Data a job asked to have on its cloud nodes before it starts (docs/api.md, "Data"):
 the paths, kept when the portal submitted the job, and each stage-in a node made.
 
+The portal keeps the paths before it submits (`keep_job_data`, no job id yet) and binds
+them to the job's id once sbatch has answered (`bind_job_data`): a job that starts at
+once on an idle node may reach its Prolog before the bind, and the daemon then answers
+"pending" while its user has paths kept within PENDING_SECONDS and not yet bound, so the
+Prolog waits for them instead of starting the job without its data.
+
 The node's Prolog copies the paths as the job's user into the node's stage directory
 and reports what it copied; it asks for them, and reports, through the agents' MUNGE
 channel (the node holds no ledger credentials). No money moves here: staging runs
@@ -18,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -32,10 +38,14 @@ from ledger.timeutil import format_time
 
 __all__ = [
     "MAX_DATA_PATHS",
+    "PENDING_SECONDS",
     "JobData",
     "Staged",
+    "bind_job_data",
     "check_data_paths",
+    "data_pending",
     "data_to_stage",
+    "forget_job_data",
     "job_data",
     "keep_job_data",
     "record_staged",
@@ -44,6 +54,8 @@ __all__ = [
 MAX_DATA_PATHS = 32
 MAX_PATH_CHARS = 1024
 MAX_ERROR_CHARS = 512
+MAX_NODE_CHARS = 128
+PENDING_SECONDS = 60  # paths kept this long without a job id: a submission in flight
 
 
 @dataclass(frozen=True)
@@ -98,19 +110,47 @@ def _refuse(message: str) -> InvalidInput:
     return InvalidInput(f"data: {message}", details={"field": "data"})
 
 
-def keep_job_data(
-    s: Session, cluster: str, job_id: int, user: str, paths: Sequence[str], now: datetime
-) -> None:
-    """Keep `paths` for the job just submitted as `job_id`."""
-    s.execute(
-        job_data_t.insert().values(
-            cluster=cluster,
-            job_id=job_id,
-            user=user,
-            paths=json.dumps(list(check_data_paths(list(paths)))),
-            created_at=now,
-        )
+def keep_job_data(s: Session, cluster: str, user: str, paths: Sequence[str], now: datetime) -> int:
+    """Keep `paths` for the job `user` is about to submit; its id (for `bind_job_data`)."""
+    return int(
+        s.execute(
+            job_data_t.insert()
+            .values(
+                cluster=cluster,
+                job_id=None,
+                user=user,
+                paths=json.dumps(list(check_data_paths(list(paths)))),
+                created_at=now,
+            )
+            .returning(job_data_t.c.id)
+        ).scalar_one()
     )
+
+
+def bind_job_data(s: Session, data_id: int, job_id: int) -> None:
+    """The submission of `data_id`'s paths became job `job_id`."""
+    s.execute(
+        job_data_t.update()
+        .where(job_data_t.c.id == data_id, job_data_t.c.job_id.is_(None))
+        .values(job_id=job_id)
+    )
+
+
+def forget_job_data(s: Session, data_id: int) -> None:
+    """The submission of `data_id`'s paths failed: no job will ask for them."""
+    s.execute(job_data_t.delete().where(job_data_t.c.id == data_id, job_data_t.c.job_id.is_(None)))
+
+
+def data_pending(s: Session, cluster: str, user: str, now: datetime) -> bool:
+    """Whether `user` has paths kept within PENDING_SECONDS and not yet bound to a job."""
+    d = job_data_t.c
+    found = select(d.id).where(
+        d.cluster == cluster,
+        d.user == user,
+        d.job_id.is_(None),
+        d.created_at >= now - timedelta(seconds=PENDING_SECONDS),
+    )
+    return s.execute(found.limit(1)).first() is not None
 
 
 def job_data(s: Session, cluster: str, job_ids: Collection[int]) -> dict[int, JobData]:
@@ -158,11 +198,22 @@ def data_to_stage(s: Session, cluster: str, job_id: int, user: str) -> JobData |
     return kept
 
 
-def record_staged(s: Session, data_id: int, staged: Staged) -> bool:
-    """Record one node's stage-in of one run; False when that run and node has one already
-    (a Prolog Slurm ran twice: the first report stands)."""
-    if staged.files < 0 or staged.bytes < 0 or staged.milliseconds < 0:
-        raise InvalidInput("a stage-in's files, bytes and milliseconds are 0 or more")
+def record_staged(s: Session, data_id: int, cluster: str, job_id: int, user: str, staged: Staged) -> bool:
+    """Record one node's stage-in of one run of `user`'s job `job_id`; False when that run
+    and node has one already (a Prolog Slurm ran twice: the first report stands).
+    InvalidInput for paths that are not that job's, or figures out of range."""
+    d = job_data_t.c
+    mine = s.execute(
+        select(d.id).where(d.id == data_id, d.cluster == cluster, d.job_id == job_id, d.user == user)
+    ).first()
+    if mine is None:
+        raise InvalidInput(f"no data kept for {user}'s job {job_id} of {cluster} as {data_id}")
+    if not all(0 <= n < 2**31 for n in (staged.run, staged.files, staged.milliseconds)) or not (
+        0 <= staged.bytes < 2**63
+    ):
+        raise InvalidInput("a stage-in's run, files, bytes and milliseconds are 0 or more, in range")
+    if not 0 < len(staged.node) <= MAX_NODE_CHARS:
+        raise InvalidInput(f"a node name is 1 to {MAX_NODE_CHARS} characters")
     try:
         with s.begin_nested():
             s.execute(

@@ -471,15 +471,16 @@ class Retry(Base):
 
 
 class JobData(Base):
-    """The paths a job asked to have staged to its cloud nodes, kept when the portal
-    submitted it (ledger.jobs.staging); matched to the job as a retry policy is."""
+    """The paths a job asked to have staged to its cloud nodes, kept by the portal just
+    before it submits the job and bound to the job's id once sbatch has answered
+    (ledger.jobs.staging); matched to the job as a retry policy is."""
 
     __tablename__ = "job_data"
     __table_args__ = (Index(None, "cluster", "job_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     cluster: Mapped[str] = mapped_column(String(64))
-    job_id: Mapped[int] = mapped_column(BigInteger)
+    job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: being submitted
     user: Mapped[Name]
     paths: Mapped[str] = mapped_column(Text)  # a JSON list of absolute paths
     created_at: Mapped[Timestamp]

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from ledger import api
 from ledger.errors import NotFound
 from ledger.jobs.retries import JobRetries, keep_retry_policy, policies_of
-from ledger.jobs.staging import job_data, keep_job_data
+from ledger.jobs.staging import bind_job_data, forget_job_data, job_data, keep_job_data
 from ledger.money import format_credits
 from ledger.timeutil import format_time, utcnow
 from portal.auth import Forbidden, Principal, accounts_of, own_user
@@ -120,24 +120,36 @@ def submit(
         if first is not None:
             return first
         quote = quote_spec(s, spec, seconds)
+        # Kept before sbatch, bound after: a job that starts at once finds its paths pending.
+        data_id = keep_job_data(s, _cluster(), who.user, spec.data, utcnow()) if spec.data else None
     try:
         submitted = backend_of(current_app).submit(who.user, spec)
     except RefusedBySlurm as refused:  # slurmrestd keeps job_submit's words to itself
+        _forget(data_id)
         cap = None
         if "routing" not in quote:
             with transaction() as s:
                 cap = api.cap_refusal(s, spec.account, who.user, spec.gpus, seconds)
         raise words_of_refusal(quote, refused, cap) from None
+    except BaseException:
+        _forget(data_id)
+        raise
     result = {"job_id": submitted.job_id, "state": "queued", "quote": quote, "message": submitted.message}
     with transaction() as s:
         if spec.retry is not None:  # its user and time tell this job from an older one of its id
             keep_retry_policy(s, _cluster(), submitted.job_id, who.user, spec.retry, utcnow())
             result["retry"] = spec.retry.as_dict()
-        if spec.data:  # staged by a cloud node's Prolog, which asks for them by job
-            keep_job_data(s, _cluster(), submitted.job_id, who.user, spec.data, utcnow())
+        if data_id is not None:  # staged by a cloud node's Prolog, which asks for them by job
+            bind_job_data(s, data_id, submitted.job_id)
             result["data"] = list(spec.data)
         api.keep_result(s, spec.account, key, "job_submit", keyed_body, result)
     return result
+
+
+def _forget(data_id: int | None) -> None:
+    if data_id is not None:
+        with transaction() as s:
+            forget_job_data(s, data_id)
 
 
 def cancel(who: Principal, job_id: int, now: datetime) -> dict[str, Any]:

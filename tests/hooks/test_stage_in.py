@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from accounting_bridge.nvml.munge import Munge
 from accounting_bridge.nvml.receiver import UsageReceiver
 from ledger import api
-from ledger.jobs.staging import job_data, keep_job_data
+from ledger.jobs.staging import bind_job_data, job_data, keep_job_data
 from ledger.store.db import make_engine, make_sessionmaker
 from slurm_hooks.hooks import main
 from tests.support.munged import munged
@@ -74,7 +75,7 @@ def started_job(sessions: sessionmaker[Session], paths: list[str], job_id: int =
         api.create_account(s, "physics")
         api.topup(s, "physics", "100", effective_at=now - timedelta(days=1))
         api.set_price(s, "h100", "3.60", effective_at=now - timedelta(days=1))
-        keep_job_data(s, "lab", job_id, USER, paths, now)
+        bind_job_data(s, keep_job_data(s, "lab", USER, paths, now), job_id)
         hold = api.HoldRequest("physics", user=USER, job_id=job_id, gpus="h100:1", seconds=60, cluster="lab")
         api.create_hold(s, replace(hold, at=now, submitted_at=now))
 
@@ -167,3 +168,79 @@ def test_a_daemon_that_does_not_answer_leaves_the_job_to_start_without_its_data(
     said = node_hook("prolog", work, receiver, munge_socket)
     assert said[-1].startswith("gpucredit[prolog] job=41 run=0: stage-in not done: 127.0.0.1:9: ")
     assert not (work / "stage").exists()
+
+
+def test_a_job_that_starts_before_its_paths_are_bound_waits_for_them(
+    work: Path, receiver: UsageReceiver, munge_socket: str, sessions: sessionmaker[Session]
+) -> None:
+    """The portal keeps the paths before sbatch and binds them after: a job that starts at
+    once on an idle node reaches its Prolog in between, and waits instead of running bare."""
+    (work / "cfg.yaml").write_text("lr: 0.1\n")
+    started_job(sessions, [str(work / "cfg.yaml")], job_id=40)  # the account, the price; job 40's
+    now = datetime.now(UTC)
+    with sessions() as s, s.begin():
+        kept = keep_job_data(s, "lab", USER, [str(work / "cfg.yaml")], now)
+        hold = api.HoldRequest("physics", user=USER, job_id=41, gpus="h100:1", seconds=60, cluster="lab")
+        api.create_hold(s, replace(hold, at=now, submitted_at=now))
+
+    def sbatch_answers() -> None:
+        time.sleep(1.5)
+        with sessions() as s, s.begin():
+            bind_job_data(s, kept, 41)
+
+    binder = threading.Thread(target=sbatch_answers)
+    binder.start()
+    said = node_hook("prolog", work, receiver, munge_socket)
+    binder.join()
+    assert said[-1].endswith(f"to {work}/stage/cloud1/job_41: done"), said
+    assert (work / "stage" / "cloud1" / "job_41" / "cfg.yaml").read_text() == "lr: 0.1\n"
+
+
+def test_a_stage_folder_someone_else_may_write_is_refused_and_nothing_is_copied(
+    work: Path, receiver: UsageReceiver, munge_socket: str, sessions: sessionmaker[Session]
+) -> None:
+    """A user who made the stage folder could swap job_<id> for a link to /etc/shadow between
+    root's mkdir and chown: root stages only inside a folder of its own."""
+    (work / "stage" / "cloud1").mkdir(parents=True)
+    shutil.chown(work / "stage" / "cloud1", USER)
+    (work / "cfg.yaml").write_text("lr: 0.1\n")
+    started_job(sessions, [str(work / "cfg.yaml")])
+    said = node_hook("prolog", work, receiver, munge_socket)
+    assert said[-1].startswith(f"gpucredit[prolog] job=41 run=0: stage-in into {work}/stage/%n failed: ")
+    assert "is not root's alone" in said[-1]
+    assert list((work / "stage" / "cloud1").iterdir()) == []
+    (work / "stage" / "cloud1" / "job_41").mkdir()
+    said = node_hook("epilog", work, receiver, munge_socket)
+    assert (work / "stage" / "cloud1" / "job_41").exists()  # nor removed from it
+    assert any(
+        line.startswith("gpucredit[epilog] job=41 run=0: stage folder of job 41 not removed: ")
+        for line in said
+    )
+
+
+def test_a_device_or_a_pipe_is_not_copied(
+    work: Path, receiver: UsageReceiver, munge_socket: str, sessions: sessionmaker[Session]
+) -> None:
+    started_job(sessions, ["/dev/zero"])
+    said = node_hook("prolog", work, receiver, munge_socket)
+    assert said[-1].endswith("failed: /dev/zero: not a regular file or directory"), said
+
+
+def test_a_report_must_name_the_job_whose_paths_it_reports_on(
+    work: Path, receiver: UsageReceiver, munge_socket: str, sessions: sessionmaker[Session]
+) -> None:
+    from slurm_hooks import stage_in
+
+    started_job(sessions, ["/etc/hostname"])
+    with sessions() as s:
+        data_id = job_data(s, "lab", [41])[41].data_id
+    address = [f"127.0.0.1:{receiver.address[1]}"]
+    report = {"data_id": data_id, "cluster": "lab", "job_id": 42, "user": USER, "run": 0, "files": 1}
+    report |= {"bytes": 1, "milliseconds": 1, "error": None}
+    with pytest.raises(stage_in.StageError, match="bad_request: no data kept for nobody's job 42 of lab"):
+        stage_in.ask(address, munge_socket, {"v": 1, "node": "cloud1", "staged": report}, 5)
+    with pytest.raises(stage_in.StageError, match="bad_request: staged.files is an integer"):
+        stage_in.ask(address, munge_socket, {"v": 1, "node": "cloud1", "staged": {**report, "files": "1"}}, 5)
+    assert stage_in.ask(
+        address, munge_socket, {"v": 1, "node": "cloud1", "staged": {**report, "job_id": 41}}, 5
+    ) == {"recorded": True}

@@ -107,7 +107,7 @@ def test_the_example_config_is_safe_and_holds_only_keys_the_code_reads() -> None
     known: dict[str, set[str]] = {table: set(keys) for table, keys in DEFAULTS.items()}
     known["daemon"] |= {"sockets", "socket_user", "metrics_port", "agent_listen", "munge_socket"}
     known["agent"] |= {"send_to", "munge_socket"}
-    known["hooks"] = {"log_file", "stage_dir"}
+    known["hooks"] = {"log_file", "stage_dir", "stage_timeout_seconds"}
     known["portal"] |= set(PORTAL_DEFAULTS)
     known["payments"] = set(PAYMENTS_DEFAULTS)
     known["payments.stripe"] = {"secret_key", "webhook_secret", "tolerance_seconds", "timeout_seconds"}

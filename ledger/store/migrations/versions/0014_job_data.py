@@ -19,7 +19,7 @@ def upgrade() -> None:
         "job_data",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("cluster", sa.String(64), nullable=False),
-        sa.Column("job_id", sa.BigInteger(), nullable=False),
+        sa.Column("job_id", sa.BigInteger(), nullable=True),
         sa.Column("user", sa.String(128), nullable=False),
         sa.Column("paths", sa.Text(), nullable=False),
         sa.Column("created_at", sa.DateTime(), nullable=False),
