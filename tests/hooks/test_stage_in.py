@@ -239,7 +239,7 @@ def test_a_report_must_name_the_job_whose_paths_it_reports_on(
     report |= {"bytes": 1, "milliseconds": 1, "error": None}
     with pytest.raises(stage_in.StageError, match="bad_request: no data kept for nobody's job 42 of lab"):
         stage_in.ask(address, munge_socket, {"v": 1, "node": "cloud1", "staged": report}, 5)
-    with pytest.raises(stage_in.StageError, match="bad_request: staged.files is an integer"):
+    with pytest.raises(stage_in.StageError, match=r"bad_request: staged\.files is an integer"):
         stage_in.ask(address, munge_socket, {"v": 1, "node": "cloud1", "staged": {**report, "files": "1"}}, 5)
     assert stage_in.ask(
         address, munge_socket, {"v": 1, "node": "cloud1", "staged": {**report, "job_id": 41}}, 5
