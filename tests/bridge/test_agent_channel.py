@@ -9,10 +9,8 @@ plays a host outside the cluster), the fake NVML of tests/bridge/test_agent.py, 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,18 +36,6 @@ from tests.support.munged import munged
 # tests/bridge/test_agent.py's three ticks, written by the agent itself.
 THREE_TICKS = {(100, "a100"): (30, 15, 600, 12 * GiB), (101, "h100"): (60, 8, 200, 5 * GiB)}
 ROW = UsageDelta("lab", 7, 0, "node1", "a100", 10, 5, 100, 2**30)
-
-
-@pytest.fixture
-def munge_socket() -> Iterator[str]:
-    # Users reach the socket, as on a node (pytest's tmp_path is root's alone).
-    folder = Path(tempfile.mkdtemp(prefix="gpucredit-munge-"))
-    folder.chmod(0o755)
-    try:
-        with munged(folder) as socket_path:
-            yield socket_path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

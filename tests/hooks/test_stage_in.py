@@ -26,20 +26,8 @@ from ledger import api
 from ledger.jobs.staging import bind_job_data, job_data, keep_job_data
 from ledger.store.db import make_engine, make_sessionmaker
 from slurm_hooks.hooks import main
-from tests.support.munged import munged
 
 USER = "nobody"  # every system has one; it reads only what anyone may
-
-
-@pytest.fixture
-def munge_socket() -> Iterator[str]:
-    folder = Path(tempfile.mkdtemp(prefix="gpucredit-munge-"))
-    folder.chmod(0o755)
-    try:
-        with munged(folder) as socket_path:
-            yield socket_path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
