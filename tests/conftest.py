@@ -12,8 +12,6 @@ one that takes the HA database box (tests/ha) `ha`.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -132,14 +130,8 @@ def tx_pg(pg_url: str) -> Iterator[Callable[[], Any]]:
 
 @pytest.fixture
 def munge_socket() -> Iterator[str]:
-    """A munged of the test's own (tests/support/munged.py), its socket where users reach
-    it, as on a node (pytest's tmp_path is root's alone)."""
-    from tests.support.munged import munged
+    """A munged of the test's own, where users reach it (tests/support/munged.py)."""
+    from tests.support.munged import users_munged
 
-    folder = Path(tempfile.mkdtemp(prefix="gpucredit-munge-"))
-    folder.chmod(0o755)
-    try:
-        with munged(folder) as socket_path:
-            yield socket_path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with users_munged() as socket_path:
+        yield socket_path

@@ -24,7 +24,6 @@ from ledger import api
 from ledger.store.db import make_engine, make_sessionmaker
 from tests.support.fake_jobs import FakeBackend
 from tests.support.munge_site import USER, munge_wrapper, seed_munge_site
-from tests.support.munged import users_munged
 from tests.support.portal import make_app
 from tests.support.services import new_database
 
@@ -40,12 +39,6 @@ class Portal:
 @pytest.fixture
 def db(tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
     yield from new_database("sqlite", tmp_path, sqlite_template, None)
-
-
-@pytest.fixture
-def munge_socket() -> Iterator[str]:
-    with users_munged() as socket:
-        yield socket
 
 
 def serve(db_url: str, socket: str, bin_dir: Path, **portal: Any) -> Iterator[Portal]:
