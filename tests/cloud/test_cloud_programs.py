@@ -280,7 +280,8 @@ def test_a_node_of_another_region_launches_ends_and_is_priced_there(make_rig: Ca
         "us-west-2",
         charge_for(WEST_PRICE, 1000),
     )
-    assert rows["cloud1"].cost_ucredits == charge_for(PRICE_UCREDITS_PER_HOUR, 1000)
+    up = rig.now[0] - by_node["cloud1"].launched_at  # launched a moment before cloud2
+    assert rows["cloud1"].cost_ucredits == charge_for(PRICE_UCREDITS_PER_HOUR, int(up.total_seconds()))
     assert rig.programs.journal.entries()[by_node["cloud2"].id].region == "us-west-2"
 
 
