@@ -11,8 +11,6 @@ Run under the box lock: flock /tmp/gpucredit-box.lock pytest -m slurm tests/slur
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,7 +27,7 @@ from portal.auth import Forbidden
 from slurmbox.box import BUNDLE_DIR
 from slurmbox.chroot import ChrootBox
 from slurmtext import parse_time
-from tests.support.cluster import PRICES, Cluster, sacct_runs
+from tests.support.cluster import PRICES, Cluster, on_premise_full, sacct_runs
 from tests.support.jobs_portal import rest_backend
 from tests.support.portal import bearer
 
@@ -151,22 +149,6 @@ def test_a_job_over_a_cap_on_its_own_is_refused_with_429_naming_it(
     error = answer.get_json()["error"]
     assert error["code"] == "concurrent_gpus"
     assert "gpucredit: concurrent_gpus: 2 GPUs exceed the cap of 1 for user alice" in error["message"], error
-
-
-@contextmanager
-def on_premise_full(cluster: Cluster) -> Iterator[None]:
-    """Every on-premise H100 (the API's jobs go to the default partition, onprem) taken by
-    one job of another account, so a job submitted now stays queued until an admin's
-    hold can be put on it: held after it started, it would run (a race CI once lost)."""
-    payer = cluster.new_account("10")
-    every_h100 = ["-p", "onprem", "-N", "2", "--gres=gpu:h100:2", "-t", "5", "--wrap", "sleep 300"]
-    filler = cluster.box.submit(["-A", payer, *every_h100])
-    cluster.box.wait_state(filler, "RUNNING", timeout=30)
-    try:
-        yield
-    finally:
-        cluster.run("scancel", str(filler))
-        cluster.box.wait_state(filler, {"CANCELLED", "COMPLETED"}, timeout=60)
 
 
 def test_a_queued_job_cancelled_costs_nothing(cluster: Cluster, portal: Flask, alice: dict[str, str]) -> None:

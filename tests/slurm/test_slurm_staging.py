@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from flask import Flask
 
-from tests.support.cluster import Cluster, sacct_runs, submit
+from tests.support.cluster import Cluster, on_premise_full, sacct_runs
 
 pytestmark = pytest.mark.slurm
 DATA = os.urandom(1 << 20)
@@ -77,22 +77,6 @@ def test_a_cloud_jobs_data_is_staged_as_its_user_before_it_starts_and_the_copy_r
     cluster: Cluster, staging: Path, data: Path, portal: Flask, alice: dict[str, str]
 ) -> None:
     account = cluster.new_account("10")
-    payer = cluster.new_account("10")
-    filler = submit(
-        cluster.box,
-        "-A",
-        payer,
-        "-p",
-        "onprem",
-        "-N",
-        "2",
-        "--gres=gpu:h100:2",
-        "-t",
-        "5",
-        "--wrap",
-        "sleep 300",
-    )
-    cluster.box.wait_state(filler, "RUNNING", timeout=30)
     client = portal.test_client()
     script = f'#!/bin/sh\nsha256sum "{staging}/$SLURMD_NODENAME/job_$SLURM_JOB_ID/set.bin"\n'
     body = {
@@ -103,15 +87,13 @@ def test_a_cloud_jobs_data_is_staged_as_its_user_before_it_starts_and_the_copy_r
         "cloud": "yes",
         "data": [str(data / "set.bin"), str(data / "secret")],
     }
-    try:
+    with on_premise_full(cluster):
         answer = client.post(
             "/api/v1/jobs", json=body, headers={**alice, "Idempotency-Key": f"stage-{account}"}
         )
         assert answer.status_code == 201, answer.get_json()
         job_id = answer.get_json()["job_id"]
         cluster.box.wait_state(job_id, "COMPLETED", timeout=90)
-    finally:
-        cluster.run("scancel", str(filler))
     [row] = sacct_runs(cluster.box, job_id, account)
     assert (row["Partition"], row["NodeList"]) == ("cloud", "node3")
     deadline = time.monotonic() + 30

@@ -13,7 +13,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -348,3 +349,19 @@ class Books:
         expected_balance = format_credits(c.credit_ucredits[account] - spent)
         assert (balance["available"], balance["held"]) == (expected_balance, "0.00"), balance
         return found
+
+
+@contextmanager
+def on_premise_full(cluster: Cluster) -> Iterator[None]:
+    """Every on-premise H100 (the API's jobs go to the default partition, onprem) taken by
+    one job of another account, so a job submitted now stays queued until an admin's
+    hold can be put on it: held after it started, it would run (a race CI once lost)."""
+    payer = cluster.new_account("10")
+    every_h100 = ["-p", "onprem", "-N", "2", "--gres=gpu:h100:2", "-t", "5", "--wrap", "sleep 300"]
+    filler = cluster.box.submit(["-A", payer, *every_h100])
+    cluster.box.wait_state(filler, "RUNNING", timeout=30)
+    try:
+        yield
+    finally:
+        cluster.run("scancel", str(filler))
+        cluster.box.wait_state(filler, {"CANCELLED", "COMPLETED"}, timeout=60)
